@@ -1,0 +1,49 @@
+/* fp4kit/fp4kit.h: the C ABI, for engines written in C or bound from other languages.
+ *
+ * Every function returns 0 on success or a non-zero fp4kit status code (1 invalid argument,
+ * 2 not supported, 3 CUDA error, 4 internal); fp4kit_last_error() then gives the message (thread-local,
+ * valid until the next fp4kit call on this thread). Pointers are host memory for *_cpu functions and
+ * device memory otherwise. Semantics are those of the C++ API (fp4kit/gemm.h, repack.h, quant.h). */
+#ifndef FP4KIT_FP4KIT_H_
+#define FP4KIT_FP4KIT_H_
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st* fp4kit_stream_t; /* a cudaStream_t; NULL is the legacy default stream */
+
+typedef enum { FP4KIT_NVFP4 = 0, FP4KIT_MXFP4 = 1 } fp4kit_format;
+typedef enum { FP4KIT_F32 = 0, FP4KIT_BF16 = 1, FP4KIT_F16 = 2 } fp4kit_dtype;
+
+const char* fp4kit_last_error(void);
+const char* fp4kit_version(void);
+
+/* Quantize W [n, k] (dtype w_dtype) to the checkpoint layout: packed [n, k/2], scales [n, k/group] and,
+ * for NVFP4, one fp32 tensor scale. */
+int fp4kit_quantize_cpu(fp4kit_format format, const void* w, fp4kit_dtype w_dtype, int64_t n, int64_t k,
+                        uint8_t* packed, uint8_t* scales, float* tensor_scale);
+/* Dequantize the checkpoint layout to fp32 [n, k]. */
+int fp4kit_dequantize_cpu(fp4kit_format format, const uint8_t* packed, const uint8_t* scales,
+                          float tensor_scale, int64_t n, int64_t k, float* out);
+
+/* Bytes of the prepacked buffer for W [n, k]. */
+int fp4kit_packed_bytes(fp4kit_format format, int64_t n, int64_t k, size_t* bytes);
+/* Prepack on the GPU (device pointers; tensor_scale: one device float, NVFP4 only, may be NULL). */
+int fp4kit_prepack(fp4kit_format format, int64_t n, int64_t k, const uint8_t* packed, const uint8_t* scales,
+                   const float* tensor_scale, void* dst, fp4kit_stream_t stream);
+
+int fp4kit_gemm_workspace_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
+                                size_t* bytes);
+/* Y[m, n] = X[m, k] * W^T (+ bias). x, y, bias (nullable): dtype act (FP4KIT_BF16 or FP4KIT_F16).
+ * workspace: fp4kit_gemm_workspace_bytes() bytes, zero-filled once before first use. */
+int fp4kit_gemm(int64_t m, fp4kit_dtype act, const void* x, fp4kit_format format, int64_t n, int64_t k,
+                const void* w_packed, const void* bias, void* y, void* workspace, size_t workspace_bytes,
+                fp4kit_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4KIT_FP4KIT_H_ */
