@@ -1,1 +1,176 @@
-// (in progress)
+// gemm.cu: dispatch for the decode GEMM: the launch plan, the instantiated kernels (one per config-table
+// entry x format x activation dtype) and the entry points.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "configs.h"
+#include "fp4kit/gemm.h"
+#include "gemm_internal.h"
+#include "kernels/decode_gemm.cuh"
+#include "repack_common.h"
+
+namespace fp4kit {
+namespace {
+
+using KernelFn = void (*)(const kernels::DecodeParams);
+
+template <Format F, typename T, int NT, int RW, int W, int MINB>
+KernelFn kernel_ptr() {
+  return &kernels::decode_gemm_kernel<F, T, NT, RW, W, MINB>;
+}
+
+// The config table, instantiated. A row here per entry of configs.cpp (checked at run time below).
+template <Format F, typename T>
+KernelFn kernel_for(int id) {
+  switch (id) {
+    case 0: return kernel_ptr<F, T, 1, 1, 8, 1>();
+    case 1: return kernel_ptr<F, T, 2, 1, 8, 1>();
+    case 2: return kernel_ptr<F, T, 4, 1, 8, 1>();
+    case 3: return kernel_ptr<F, T, 8, 1, 8, 1>();
+    case 4: return kernel_ptr<F, T, 2, 2, 8, 1>();
+    default: return nullptr;
+  }
+}
+
+KernelFn select_kernel(Format f, DType act, int id) {
+  if (f == Format::kNVFP4)
+    return act == DType::kBF16 ? kernel_for<Format::kNVFP4, __nv_bfloat16>(id) : kernel_for<Format::kNVFP4, __half>(id);
+  return act == DType::kBF16 ? kernel_for<Format::kMXFP4, __nv_bfloat16>(id) : kernel_for<Format::kMXFP4, __half>(id);
+}
+
+// Device facts and kernel occupancy, cached per (device, kernel): queried once, read on every call.
+struct DeviceFacts {
+  int sms = 0;
+};
+std::mutex g_mu;
+std::vector<DeviceFacts> g_devices;
+std::vector<std::pair<std::pair<int, KernelFn>, int>> g_occupancy;
+
+Status device_facts(int* dev, DeviceFacts* out) {
+  cudaError_t e = cudaGetDevice(dev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(Code::kCudaError, std::string("device: ") + cudaGetErrorString(e));
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (int(g_devices.size()) <= *dev) g_devices.resize(*dev + 1);
+  if (g_devices[*dev].sms == 0) {
+    e = cudaDeviceGetAttribute(&g_devices[*dev].sms, cudaDevAttrMultiProcessorCount, *dev);
+    if (e != cudaSuccess) return Status(Code::kCudaError, std::string("device: ") + cudaGetErrorString(e));
+  }
+  *out = g_devices[*dev];
+  return Status::Ok();
+}
+
+Status occupancy(int dev, KernelFn fn, int threads, int* blocks) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto& kv : g_occupancy)
+    if (kv.first.first == dev && kv.first.second == fn) {
+      *blocks = kv.second;
+      return Status::Ok();
+    }
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, threads, 0);
+  if (e != cudaSuccess || *blocks < 1)
+    return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
+                                        (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
+  g_occupancy.push_back({{dev, fn}, *blocks});
+  return Status::Ok();
+}
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+namespace detail {
+
+Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan) {
+  FP4KIT_RETURN_IF_ERROR(check_shape(w.format, w.n, w.k));
+  if (m < 1) return Status::Invalid("m: must be >= 1 (got " + str(m) + ")");
+  if (act != DType::kBF16 && act != DType::kF16)
+    return Status::Invalid(std::string("act: must be bfloat16 or float16 (got ") + dtype_name(act) + ")");
+  const int id = config >= 0 ? config : pick_config(m, w.n, w.k);
+  const KernelConfig* cfg = find_config(id);
+  if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
+  PackedLayout l;
+  FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
+  int dev = 0;
+  DeviceFacts facts;
+  FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
+  KernelFn fn = select_kernel(w.format, act, id);
+  if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
+  int per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(occupancy(dev, fn, cfg->warps * 32, &per_sm));
+
+  DecodePlan p;
+  p.cfg = cfg;
+  p.m_block = 8 * cfg->n_tiles;
+  const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
+  p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
+  p.units = int64_t(p.row_groups) * l.k_macros;
+  p.grid = int(std::min<int64_t>(p.units, int64_t(facts.sms) * per_sm));
+  // Split row groups exist only when some CTA's range does not cover whole row groups.
+  const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
+  if (split) {
+    p.counters_bytes = align256(size_t(p.row_groups) * sizeof(int));
+    const size_t slot = size_t(cfg->warps) * cfg->row_tiles * cfg->n_tiles * 4 * 32 * sizeof(float);
+    p.partials_bytes = size_t(p.grid) * 2 * slot;
+  }
+  p.workspace_bytes = p.counters_bytes + p.partials_bytes;
+  *plan = p;
+  return Status::Ok();
+}
+
+}  // namespace detail
+
+Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t* bytes, int config) {
+  if (!bytes) return Status::Invalid("bytes: must not be null");
+  detail::DecodePlan plan;
+  FP4KIT_RETURN_IF_ERROR(detail::make_plan(m, w, act, config, &plan));
+  *bytes = plan.workspace_bytes;
+  return Status::Ok();
+}
+
+Status gemm(const GemmArgs& a, cudaStream_t stream) {
+  FP4KIT_RETURN_IF_ERROR(gemm_validate(a));
+  detail::DecodePlan plan;
+  FP4KIT_RETURN_IF_ERROR(detail::make_plan(a.m, a.w, a.act, a.config, &plan));
+  PackedLayout l;
+  FP4KIT_RETURN_IF_ERROR(packed_layout(a.w.format, a.w.n, a.w.k, &l));
+  KernelFn fn = select_kernel(a.w.format, a.act, plan.cfg->id);
+
+  const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
+  kernels::DecodeParams p{};
+  p.bias = a.bias;
+  p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
+  p.scales = base + l.scales_offset;
+  p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
+  p.n = int(a.w.n);
+  p.k = int(a.w.k);
+  p.row_tiles = int(l.row_tiles);
+  p.k_chunks = int(l.k_chunks);
+  p.k_macros = int(l.k_macros);
+  p.row_groups = plan.row_groups;
+  p.units = plan.units;
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
+  p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+
+  // m beyond one launch's tokens: consecutive launches over blocks of m_block tokens (stream-ordered, so
+  // they share the workspace safely).
+  for (int64_t m0 = 0; m0 < a.m; m0 += plan.m_block) {
+    p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
+    p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
+    p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
+    fn<<<plan.grid, plan.cfg->warps * 32, 0, stream>>>(p);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+}  // namespace fp4kit

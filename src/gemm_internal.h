@@ -1,0 +1,24 @@
+// gemm_internal.h: the launch plan shared by the workspace query, the launcher and the tests.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "configs.h"
+#include "fp4kit/gemm.h"
+
+namespace fp4kit {
+namespace detail {
+
+struct DecodePlan {
+  const KernelConfig* cfg = nullptr;
+  int64_t m_block = 0;      // tokens per launch (8 * n_tiles)
+  int row_groups = 0;
+  int64_t units = 0;        // row_groups * k_macros
+  int grid = 0;             // persistent CTAs
+  size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
+};
+
+Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);
+
+}  // namespace detail
+}  // namespace fp4kit

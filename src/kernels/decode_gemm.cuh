@@ -1,0 +1,350 @@
+// decode_gemm.cuh: FP4 x BF16/FP16 GEMM for decode (m <= 64 per launch), streaming the weights once.
+//
+// Contract
+//   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h), X/Y row-major in T (bf16/half),
+//   fp32 accumulation; the per-row fp32 factor out_scale (tensor scale, MXFP4 row re-basing) and the bias
+//   are applied in fp32 before the cast. m <= 8*NT. Deterministic: fixed summation order, no atomics on
+//   data.
+//
+// Why it is shaped this way
+//   Decode time is weight bytes / HBM bandwidth, so every design choice serves the weight stream:
+//   - The product is computed transposed (Y^T = W X^T): 16 weight rows are mma.m16n8k16's A operand,
+//     which lives in registers, so the dequantised weights never touch shared memory. Tokens are the
+//     8-wide N side; m = 1 wastes MMA lanes, which are idle in decode anyway.
+//   - Each lane streams 16-byte records laid out as its own A fragments (ld.global.nc, no L1 allocation,
+//     L2 evict-first: weights are read once). A warp reads 512 contiguous bytes per load.
+//   - E2M1 -> BF16 is a mask (plus shift) per pair of values, because prepack placed the code bits where
+//     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
+//     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
+//   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
+//     shared through L1 instead of being staged with barriers.
+//   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
+//     slices (+-1), whatever the shape. A row group split between CTAs is finished by the last one to
+//     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
+//   - Register double-buffering of a whole K slice (8 records + scales per row tile) keeps ~4.5 KB per
+//     warp in flight while the previous slice is dequantised and multiplied.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fp4kit/formats.h"
+#include "kernels/decode_layout.h"
+
+namespace fp4kit {
+namespace kernels {
+
+struct DecodeParams {
+  const void* x;          // [m, K]
+  void* y;                // [m, N]
+  const void* bias;       // [N] or null
+  const uint4* weights;   // prepacked records
+  const uint8_t* scales;  // prepacked scale records
+  const float* out_scale; // [n_pad]
+  int m, n, k;
+  int row_tiles, k_chunks, k_macros;
+  int row_groups;         // ceil(row_tiles / (warps * row_tiles_per_warp))
+  int64_t units;          // row_groups * k_macros
+  int* counters;          // [row_groups], zero between calls
+  float* partials;        // [gridDim.x][2][slot floats]
+};
+
+// ---- PTX wrappers --------------------------------------------------------------------------------
+
+// Streaming 16-byte load: read-only path, no L1 allocation (read once), L2 evict-first policy so the
+// stream does not push X and partials out of L2.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p, uint64_t policy) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+template <typename T> struct Act;
+
+// BF16: codes -> bf16 bits 6..8 (+ sign 15); value e2m1 * 2^-126.
+template <> struct Act<__nv_bfloat16> {
+  static constexpr float kNvScaleFactor = 0x1p117f;  // s * 2^117 (times 2^-126 = s * 2^-9)
+  static constexpr float kMxScaleFactor = 1.0f;      // 2^(e'-127) (times 2^-126 = 2^(e'-253))
+  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
+    if (P == 0) return q & 0x81C081C0u;
+    if (P == 1) return (q << 3) & 0x81C081C0u;
+    if (P == 2) return (q << 6) & 0x81C081C0u;
+    return ((q >> 4) & 0x00C000C0u) | ((q >> 5) & 0x01000100u) | ((q << 1) & 0x80008000u);
+  }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+    uint32_t d;  // fma with -0 addend: a*b exactly signed (sm_80 has no bf16x2 mul)
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+  }
+  __device__ __forceinline__ static uint32_t splat(float v) {
+    __nv_bfloat162 h = __float2bfloat162_rn(v);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+// FP16: codes -> half bits 9..11 (+ sign 15); value e2m1 * 2^-14.
+template <> struct Act<__half> {
+  static constexpr float kNvScaleFactor = 0x1p5f;     // s * 2^5 (times 2^-14 = s * 2^-9)
+  static constexpr float kMxScaleFactor = 0x1p-112f;  // 2^(e'-239) (times 2^-14 = 2^(e'-253))
+  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
+    if (P == 0) return ((q << 3) & 0x0E000E00u) | (q & 0x80008000u);
+    if (P == 1) return ((q << 6) & 0x0E000E00u) | ((q << 3) & 0x80008000u);
+    if (P == 2) return ((q << 9) & 0x0E000E00u) | ((q << 6) & 0x80008000u);
+    return ((q >> 1) & 0x06000600u) | ((q >> 2) & 0x08000800u) | ((q << 1) & 0x80008000u);
+  }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  __device__ __forceinline__ static uint32_t splat(float v) {
+    __half2 h = __float2half2_rn(v);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static __half from_float(float v) { return __float2half_rn(v); }
+  __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
+};
+
+// Block scale byte -> the multiplier of the raw dequantised pair, splat to both halves.
+template <Format F, typename T>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t b) {
+  float v;
+  if (F == Format::kNVFP4) {
+    // E4M3 bits shifted into fp32 position read as |s| * 2^-120 (subnormals included); rescale exactly.
+    v = __uint_as_float((b & 0x7Fu) << 20) * 0x1p120f * Act<T>::kNvScaleFactor;
+    v = (b & 0x80u) ? -v : v;
+    v = ((b & 0x7Fu) == 0x7Fu) ? __uint_as_float(0x7FC00000u) : v;
+  } else {
+    // Re-based E8M0: 2^(e'-127) (e' = 0 reads as 0: a flushed block); 255 is NaN.
+    v = (b == 0xFFu) ? __uint_as_float(0x7FC00000u) : __uint_as_float(b << 23) * Act<T>::kMxScaleFactor;
+  }
+  return Act<T>::splat(v);
+}
+
+template <Format F> struct ScaleRecord;
+template <> struct ScaleRecord<Format::kNVFP4> {
+  uint4 v;
+  __device__ __forceinline__ uint32_t byte(int i) const {
+    const uint32_t w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
+    return (w >> (8 * (i & 3))) & 0xFFu;
+  }
+  __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t pol) {
+    v = ld_stream(reinterpret_cast<const uint4*>(base) + rec, pol);
+  }
+  __device__ __forceinline__ void zero() { v = make_uint4(0, 0, 0, 0); }
+};
+template <> struct ScaleRecord<Format::kMXFP4> {
+  uint2 v;
+  __device__ __forceinline__ uint32_t byte(int i) const { return ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFFu; }
+  __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t) {
+    v = __ldg(reinterpret_cast<const uint2*>(base) + rec);
+  }
+  __device__ __forceinline__ void zero() { v = make_uint2(0, 0); }
+};
+
+// One K slice (8 chunks) of RW row tiles, as one lane holds it.
+template <Format F, int RW> struct Slice {
+  uint4 w[RW][layout::kChunksPerMacro];
+  ScaleRecord<F> s[RW];
+};
+
+template <Format F, int RW>
+__device__ __forceinline__ void load_slice(Slice<F, RW>& sl, const DecodeParams& p, const int* rt, int j,
+                                           int lane, uint64_t pol) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const bool ok = rt[r] < p.row_tiles;
+    if (ok) sl.s[r].load(p.scales, (int64_t(rt[r]) * p.k_macros + j) * 32 + lane, pol);
+    else sl.s[r].zero();
+#pragma unroll
+    for (int cc = 0; cc < layout::kChunksPerMacro; ++cc) {
+      const int c = j * layout::kChunksPerMacro + cc;
+      sl.w[r][cc] = (ok && c < p.k_chunks)
+                        ? ld_stream(p.weights + (int64_t(rt[r]) * p.k_chunks + c) * 32 + lane, pol)
+                        : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <Format F, typename T, int NT, int RW>
+__device__ __forceinline__ void compute_slice(const Slice<F, RW>& sl, const DecodeParams& p, int j, int g,
+                                              int t, float (&acc)[RW][NT][4]) {
+  const T* x = static_cast<const T*>(p.x);
+#pragma unroll
+  for (int cc = 0; cc < layout::kChunksPerMacro; ++cc) {
+    const int c = j * layout::kChunksPerMacro + cc;
+    if (c >= p.k_chunks) break;
+    const int kb = int(layout::lane_kbase(F, c, t));
+    // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are
+    // discarded); zero past K, where the weights are zero padding and X must not be read.
+    uint4 xv[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = min(8 * nt + g, p.m - 1);
+      if (kb < p.k) {
+        const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(tok) * p.k + kb);
+        xv[nt][0] = __ldg(src);
+        xv[nt][1] = __ldg(src + 1);
+      } else {
+        xv[nt][0] = xv[nt][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const uint32_t s_lo = scale_pair<F, T>(sl.s[r].byte(layout::scale_byte(F, cc, 0)));
+      const uint32_t s_hi = scale_pair<F, T>(sl.s[r].byte(layout::scale_byte(F, cc, 1)));
+      const uint32_t q[4] = {sl.w[r][cc].x, sl.w[r][cc].y, sl.w[r][cc].z, sl.w[r][cc].w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        a[0] = Act<T>::mul2(Act<T>::template pair<0>(q[s]), s_lo);  // row g,   K+0,1
+        a[1] = Act<T>::mul2(Act<T>::template pair<1>(q[s]), s_hi);  // row g+8, K+0,1
+        a[2] = Act<T>::mul2(Act<T>::template pair<2>(q[s]), s_lo);  // row g,   K+2,3
+        a[3] = Act<T>::mul2(Act<T>::template pair<3>(q[s]), s_hi);  // row g+8, K+2,3
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[nt][s >> 1]);
+          Act<T>::mma(acc[r][nt], a, xw[(s & 1) * 2], xw[(s & 1) * 2 + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int NT, int RW>
+__device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, int g, int t,
+                                         const float (&acc)[RW][NT][4]) {
+  T* y = static_cast<T*>(p.y);
+  const T* bias = static_cast<const T*>(p.bias);
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    if (rt[r] >= p.row_tiles) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = rt[r] * 16 + g + 8 * h;
+      if (row >= p.n) continue;
+      const float f = p.out_scale[row];
+      const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tok = 8 * nt + 2 * t + e;
+          if (tok < p.m) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[r][nt][2 * h + e] * f + b);
+        }
+    }
+  }
+}
+
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
+  constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const uint64_t pol = evict_first_policy();
+  __shared__ int s_last;
+
+  // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t u_begin = b * p.units / G, u_end = (b + 1) * p.units / G;
+  const int first_rg = int(u_begin / p.k_macros);
+
+  for (int64_t u = u_begin; u < u_end;) {
+    const int rg = int(u / p.k_macros);
+    const int j0 = int(u % p.k_macros);
+    const int j1 = int(u_end - u < int64_t(p.k_macros - j0) ? j0 + (u_end - u) : p.k_macros);
+    u += j1 - j0;
+
+    int rt[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) rt[r] = (rg * WARPS + warp) * RW + r;
+
+    float acc[RW][NT][4];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+
+    // Main loop: slice j+1 is in flight while slice j is dequantised and multiplied.
+    Slice<F, RW> cur;
+    load_slice<F, RW>(cur, p, rt, j0, lane, pol);
+    for (int j = j0; j < j1; ++j) {
+      Slice<F, RW> nxt;
+      if (j + 1 < j1) load_slice<F, RW>(nxt, p, rt, j + 1, lane, pol);
+      compute_slice<F, T, NT, RW>(cur, p, j, g, t, acc);
+      cur = nxt;
+    }
+
+    if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
+      epilogue<T, NT, RW>(p, rt, g, t, acc);
+      continue;
+    }
+
+    // Split row group: park the partial tile, count arrivals; the last CTA sums all partials in CTA order.
+    float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
+    const int base = (warp * RW) * NT * 128;
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
+    __threadfence();
+    __syncthreads();
+    const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
+    const int64_t b_lo = ((lo_u + 1) * G - 1) / p.units;  // owner of a unit: last b with start(b) <= u
+    const int64_t b_hi = ((hi_u + 1) * G - 1) / p.units;
+    if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
+    __syncthreads();
+    if (!s_last) continue;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+    for (int64_t c = b_lo; c <= b_hi; ++c) {
+      const int c_first_rg = int((c * p.units / G) / p.k_macros);
+      const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot);
+#pragma unroll
+      for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][nt][e] += __ldcg(src + base + ((r * NT + nt) * 4 + e) * 32 + lane);
+    }
+    epilogue<T, NT, RW>(p, rt, g, t, acc);
+    if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
+  }
+}
+
+}  // namespace kernels
+}  // namespace fp4kit

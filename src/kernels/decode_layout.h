@@ -1,0 +1,67 @@
+// decode_layout.h: where every FP4 value lives in the prepacked buffer (host and device).
+//
+// The decode kernel computes the transposed product Y^T = W * X^T with mma.m16n8k16: 16 weight rows are
+// the A operand (from registers), 8 tokens the B operand. One lane loads 16 bytes per chunk of 16 rows x
+// 64 K, and those 16 bytes are already its A fragments for four k16 steps. Because the MMA sums over k,
+// the K order inside an mma step is ours to choose as long as X follows it: lane t of a quad takes 16
+// consecutive K (one NVFP4 group; half an MXFP4 group), so it needs one block scale per row per chunk and
+// reads its X slice with two 16-byte loads.
+//
+//   lane = 4*g + t        g = lane/4 selects rows g and g+8 of the row tile, t = lane%4 the K slice
+//   chunk c (64 K):       NVFP4  kbase = 64c + 16t
+//                         MXFP4  kbase = 128*(c/2) + 32t + 16*(c%2)   (a lane's two chunks = one group)
+//   word s (k16 step):    K = kbase + 4s + {0,1,2,3}
+//   pair p of word s:     p0 = row g   (K+0, K+1) -> mma a0a1      p1 = row g+8 (K+0, K+1) -> a2a3
+//                         p2 = row g   (K+2, K+3) -> a4a5          p3 = row g+8 (K+2, K+3) -> a6a7
+//
+// Bit layout of a word. Each value's 3 magnitude bits (E2M1 code & 7) and sign bit are placed so that the
+// kernel turns a pair into a BF16x2 with a mask: magnitude at bf16 bits 6..8 (exponent low two bits and
+// mantissa top bit) and sign at bit 15 give e2m1 * 2^-126 exactly, subnormal 0.5 included. Three of the
+// four pairs are the same pattern shifted by 0, 3 and 6 bits; the fourth fills the 8 bits left over:
+//   p0: mag 6,7,8   sign 15 | hi: mag 22,23,24 sign 31      bf16: q & 0x81C081C0
+//   p1: mag 3,4,5   sign 12 | hi: mag 19,20,21 sign 28      bf16: (q << 3) & 0x81C081C0
+//   p2: mag 0,1,2   sign 9  | hi: mag 16,17,18 sign 25      bf16: (q << 6) & 0x81C081C0
+//   p3: mag 10,11,13 sign 14| hi: mag 26,27,29 sign 30      bf16: three masked shifts
+// ("lo" is the pair's first K, "hi" its second; bit i of the magnitude goes to the i-th listed position.)
+#pragma once
+#include <cstdint>
+
+#include "fp4kit/formats.h"
+
+namespace fp4kit {
+namespace layout {
+
+constexpr int kRowsPerTile = 16;
+constexpr int kChunkK = 64;        // K per 16-byte lane load
+constexpr int kChunksPerMacro = 8; // chunks per scale load
+constexpr int kMacroK = kChunkK * kChunksPerMacro;
+
+FP4KIT_HD int k_align(Format f) { return f == Format::kNVFP4 ? 64 : 128; }
+FP4KIT_HD int scale_bytes_per_lane(Format f) { return f == Format::kNVFP4 ? 16 : 8; }
+
+// First K of lane t's 16-wide slice in chunk c.
+FP4KIT_HD int64_t lane_kbase(Format f, int64_t c, int t) {
+  return f == Format::kNVFP4 ? 64 * c + 16 * t : 128 * (c / 2) + 32 * t + 16 * (c % 2);
+}
+
+// Bit position (0..31) inside word s of value (pair p, half h in {0: lo, 1: hi}, bit b in 0..3; b = 3 is
+// the sign). The word index s does not change positions: every word has the same layout.
+FP4KIT_HD int bit_position(int p, int h, int b) {
+  // positions of magnitude bits 0,1,2 and the sign, for the lo half; hi = lo + 16.
+  constexpr int kLo[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 11, 13, 14}};
+  return kLo[p][b] + 16 * h;
+}
+
+// Row (within the tile) and K offset (within the lane's 16-wide slice) of (word s, pair p, half h).
+FP4KIT_HD int pair_row(int g, int p) { return (p & 1) ? g + 8 : g; }
+FP4KIT_HD int pair_k(int s, int p, int h) { return 4 * s + ((p & 2) ? 2 : 0) + h; }
+
+// Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
+FP4KIT_HD int scale_byte(Format f, int cc, int row_half) {
+  return f == Format::kNVFP4 ? 2 * cc + row_half : 2 * (cc / 2) + row_half;
+}
+// The checkpoint group of that scale.
+FP4KIT_HD int64_t scale_group(Format f, int64_t c, int t) { return lane_kbase(f, c, t) / (f == Format::kNVFP4 ? 16 : 32); }
+
+}  // namespace layout
+}  // namespace fp4kit
