@@ -16,7 +16,21 @@ struct KernelConfig {
   int row_tiles;    // 16-row weight tiles per warp (B fragments are reused across them)
   int warps;        // warps per CTA (all walk the same K slice, so X is shared through L1)
   int min_blocks;   // CTAs per SM the register budget is sized for (__launch_bounds__)
+  int pipelined;    // 1: double-buffer K slices in registers; 0: one slice, more resident warps
 };
+
+// The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
+// config is written down.
+// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, pipelined
+inline constexpr KernelConfig kKernelConfigs[] = {
+    {0, "m8_r1_w8_b3", 1, 1, 8, 3, 0},
+    {1, "m16_r1_w8_b3", 2, 1, 8, 3, 0},
+    {2, "m32_r2_w8_b2", 4, 2, 8, 2, 0},
+    {3, "m64_r2_w8_b1", 8, 2, 8, 1, 0},
+    {4, "m8_r1_w8_b1p", 1, 1, 8, 1, 1},
+    {5, "m16_r2_w8_b2", 2, 2, 8, 2, 0},
+};
+inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
 // The table (static storage, `count` entries).
 const KernelConfig* kernel_configs(int* count);

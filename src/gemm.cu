@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -19,22 +20,22 @@ namespace {
 
 using KernelFn = void (*)(const kernels::DecodeParams);
 
-template <Format F, typename T, int NT, int RW, int W, int MINB>
-KernelFn kernel_ptr() {
-  return &kernels::decode_gemm_kernel<F, T, NT, RW, W, MINB>;
+// The config table, instantiated: entry I of kKernelConfigs becomes one kernel per (format, dtype).
+template <Format F, typename T, size_t I>
+KernelFn instantiate() {
+  constexpr KernelConfig c = kKernelConfigs[I];
+  return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.pipelined != 0>;
 }
-
-// The config table, instantiated. A row here per entry of configs.cpp (checked at run time below).
+template <Format F, typename T, size_t... I>
+KernelFn kernel_for_impl(int id, std::index_sequence<I...>) {
+  KernelFn fns[] = {instantiate<F, T, I>()...};
+  for (size_t i = 0; i < sizeof...(I); ++i)
+    if (kKernelConfigs[i].id == id) return fns[i];
+  return nullptr;
+}
 template <Format F, typename T>
 KernelFn kernel_for(int id) {
-  switch (id) {
-    case 0: return kernel_ptr<F, T, 1, 1, 8, 1>();
-    case 1: return kernel_ptr<F, T, 2, 1, 8, 1>();
-    case 2: return kernel_ptr<F, T, 4, 1, 8, 1>();
-    case 3: return kernel_ptr<F, T, 8, 1, 8, 1>();
-    case 4: return kernel_ptr<F, T, 2, 2, 8, 1>();
-    default: return nullptr;
-  }
+  return kernel_for_impl<F, T>(id, std::make_index_sequence<size_t(kNumKernelConfigs)>{});
 }
 
 KernelFn select_kernel(Format f, DType act, int id) {

@@ -263,7 +263,8 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const bool bf16 = opt["act"] != "fp16";
   const DType act = bf16 ? DType::kBF16 : DType::kF16;
-  const int config = std::atoi(opt["config"].c_str());
+  const bool sweep = opt["config"] == "all";  // time every applicable config (tuning view)
+  const int config = sweep ? -1 : std::atoi(opt["config"].c_str());
   const int replays = std::max(100, std::atoi(opt["replays"].c_str()));
   std::vector<int64_t> ms;
   for (auto& s : split(opt["m"])) ms.push_back(std::atoll(s.c_str()));
@@ -383,14 +384,26 @@ int main(int argc, char** argv) {
       }
 
       for (int64_t m : ms) {
+      int ncfg = 0;
+      const KernelConfig* table = kernel_configs(&ncfg);
+      std::vector<int> cfgs;
+      const int picked = config >= 0 ? config : pick_config(m, n, k);
+      cfgs.push_back(picked);
+      if (sweep)
+        for (int ci = 0; ci < ncfg; ++ci) {
+          const int need = int((std::min<int64_t>(m, 64) + 7) / 8);
+          if (table[ci].id != picked && table[ci].n_tiles >= need && table[ci].n_tiles <= 2 * need)
+            cfgs.push_back(table[ci].id);
+        }
+      for (int cfg : cfgs) {
         size_t wsb = 0;
-        CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsb, config));
+        CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsb, cfg));
         void* ws = nullptr;
         if (wsb) { CK(cudaMalloc(&ws, wsb)); CK(cudaMemset(ws, 0, wsb)); }
         auto call = [&](int i) {
           GemmArgs ga;
           ga.m = m; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, wp[size_t(i % copies)]}; ga.y = y;
-          ga.workspace = ws; ga.workspace_bytes = wsb; ga.config = config;
+          ga.workspace = ws; ga.workspace_bytes = wsb; ga.config = cfg;
           CKS(gemm(ga, s));
         };
         const double us = graph_time_us(s, std::max(copies, 8), replays, call);
@@ -398,17 +411,18 @@ int main(int argc, char** argv) {
         CK(cudaFree(ws));
         const double tbps = double(ckpt_bytes) / (us * 1e-6) / 1e12;
         const double speedup = cublas_us[m] / us;
-        std::string cfgname = find_config(config >= 0 ? config : pick_config(m, n, k))->name;
-        std::printf("%-18s %-8s %-6s %4lld %7.1f %9.1f %9.1f %8.2fx %8.2f %7.0f%% %7.4f\n", sh.model.c_str(),
+        std::string cfgname = find_config(cfg)->name;
+        std::printf("%-18s %-8s %-6s %4lld %7.1f %9.1f %9.1f %8.2fx %8.2f %7.0f%% %7.4f %s%s\n", sh.model.c_str(),
                     sh.layer.c_str(), fname.c_str(), (long long)m, us, eager, cublas_us[m], speedup, tbps,
-                    100 * tbps / 4.25, check);
+                    100 * tbps / 4.25, check, cfgname.c_str(), cfg == picked ? " *" : "");
         std::fflush(stdout);
         rows << (nrows++ ? ",\n" : "") << "    {\"op\": \"gemm\", \"model\": \"" << sh.model << "\", \"layer\": \""
              << sh.layer << "\", \"format\": \"" << fname << "\", \"act\": \"" << (bf16 ? "bf16" : "fp16")
              << "\", \"m\": " << m << ", \"n\": " << n << ", \"k\": " << k << ", \"config\": \"" << cfgname
-             << "\", \"us\": " << us << ", \"eager_us\": " << eager << ", \"cublas_us\": " << cublas_us[m]
+             << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"us\": " << us << ", \"eager_us\": " << eager << ", \"cublas_us\": " << cublas_us[m]
              << ", \"speedup\": " << speedup << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
              << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check << "}";
+      }
       }
       for (void* p : wp) CK(cudaFree(p));
       CK(cudaFree(packed));

@@ -261,7 +261,7 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
   }
 }
 
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, bool PIPE>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -292,14 +292,23 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
 
-    // Main loop: slice j+1 is in flight while slice j is dequantised and multiplied.
-    Slice<F, RW> cur;
-    load_slice<F, RW>(cur, p, rt, j0, lane, pol);
-    for (int j = j0; j < j1; ++j) {
-      Slice<F, RW> nxt;
-      if (j + 1 < j1) load_slice<F, RW>(nxt, p, rt, j + 1, lane, pol);
-      compute_slice<F, T, NT, RW>(cur, p, j, g, t, acc);
-      cur = nxt;
+    if (PIPE) {
+      // Register double-buffering: slice j+1 is in flight while slice j is dequantised and multiplied.
+      Slice<F, RW> cur;
+      load_slice<F, RW>(cur, p, rt, j0, lane, pol);
+      for (int j = j0; j < j1; ++j) {
+        Slice<F, RW> nxt;
+        if (j + 1 < j1) load_slice<F, RW>(nxt, p, rt, j + 1, lane, pol);
+        compute_slice<F, T, NT, RW>(cur, p, j, g, t, acc);
+        cur = nxt;
+      }
+    } else {
+      // One slice in registers; latency is hidden by the other resident warps (more of them fit).
+      for (int j = j0; j < j1; ++j) {
+        Slice<F, RW> cur;
+        load_slice<F, RW>(cur, p, rt, j, lane, pol);
+        compute_slice<F, T, NT, RW>(cur, p, j, g, t, acc);
+      }
     }
 
     if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here

@@ -15,6 +15,7 @@
 #include "configs.h"
 #include "fp4kit/gemm.h"
 #include "fp4kit/repack.h"
+#include "gemm_internal.h"
 #include "gemm_test_util.h"
 #include "testing.h"
 
@@ -139,9 +140,11 @@ RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vecto
   CUDA_OK(cudaMemcpy(out.bits.data(), dy, out.bits.size() * 2, cudaMemcpyDeviceToHost));
   out.y.resize(out.bits.size());
   for (size_t i = 0; i < out.y.size(); ++i) out.y[i] = fp4test::from_bits(out.bits[i], bf16);
-  if (ws) {  // the workspace must come back zeroed
-    std::vector<int> counters(4096 / 4);
-    const size_t cb = std::min<size_t>(counters.size() * 4, ws_bytes);
+  if (ws) {  // the arrival counters must come back zeroed
+    detail::DecodePlan plan;
+    CHECK_OK(detail::make_plan(m, dw.pw, act, config, &plan));
+    const size_t cb = plan.counters_bytes;
+    std::vector<int> counters(cb / 4 + 1);
     CUDA_OK(cudaMemcpy(counters.data(), ws, cb, cudaMemcpyDeviceToHost));
     bool zero = true;
     for (size_t i = 0; i < cb / 4; ++i) zero = zero && counters[i] == 0;
