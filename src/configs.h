@@ -16,19 +16,22 @@ struct KernelConfig {
   int row_tiles;    // 16-row weight tiles per warp (B fragments are reused across them)
   int warps;        // warps per CTA (all walk the same K slice, so X is shared through L1)
   int min_blocks;   // CTAs per SM the register budget is sized for (__launch_bounds__)
-  int pipelined;    // 1: double-buffer K slices in registers; 0: one slice, more resident warps
+  int chunks;       // 16-byte records loaded per row tile before computing (8: a whole K slice; 4: half)
 };
 
 // The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
 // config is written down.
-// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, pipelined
+// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per load
+// Order matters: for each n_tiles the first entry is the dispatcher's default.
 inline constexpr KernelConfig kKernelConfigs[] = {
-    {0, "m8_r1_w8_b3", 1, 1, 8, 3, 0},
-    {1, "m16_r1_w8_b3", 2, 1, 8, 3, 0},
-    {2, "m32_r2_w8_b2", 4, 2, 8, 2, 0},
-    {3, "m64_r2_w8_b1", 8, 2, 8, 1, 0},
-    {4, "m8_r1_w8_b1p", 1, 1, 8, 1, 1},
-    {5, "m16_r2_w8_b2", 2, 2, 8, 2, 0},
+    {0, "m8_r1_w8_b4_c4", 1, 1, 8, 4, 4},
+    {1, "m8_r1_w8_b3_c8", 1, 1, 8, 3, 8},
+    {2, "m16_r2_w8_b2_c8", 2, 2, 8, 2, 8},
+    {3, "m16_r1_w8_b4_c4", 2, 1, 8, 4, 4},
+    {4, "m16_r1_w8_b3_c8", 2, 1, 8, 3, 8},
+    {5, "m32_r2_w8_b2_c4", 4, 2, 8, 2, 4},
+    {6, "m64_r1_w8_b2_c4", 8, 1, 8, 2, 4},
+    {7, "m64_r2_w8_b1_c8", 8, 2, 8, 1, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
