@@ -49,5 +49,17 @@ FP4KIT_HD int mx_rebase(uint8_t e, int emax) {
   return r < 0 ? 0 : r;
 }
 
+// A row holding a NaN block scale gets a NaN out_scale, so all its outputs are NaN (the spec's answer:
+// every output of the row sums over the NaN block) and the kernel needs no NaN test per scale. For MXFP4
+// the NaN's payload keeps the row's emax, so unpack can undo the re-basing.
+FP4KIT_HD float mx_nan_row(int emax) { return bits_to_float(0x7FC00000u | uint32_t(emax)); }
+FP4KIT_HD int mx_emax_of(float out_scale) {
+  const uint32_t u = float_to_bits(out_scale);
+  if ((u & 0x7F800000u) == 0x7F800000u) return int(u & 0xFFu);
+  int e2 = 0;
+  frexpf(out_scale, &e2);  // out_scale = 2^(emax - 128) = 0.5 * 2^(emax - 127)
+  return e2 + 127;
+}
+
 }  // namespace detail
 }  // namespace fp4kit

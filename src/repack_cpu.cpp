@@ -58,6 +58,8 @@ Status prepack_cpu(const PrepackArgs& a) {
     if (a.format == Format::kNVFP4) {
       const float ts = a.row_tensor_scale ? a.row_tensor_scale[r] : a.tensor_scale ? *a.tensor_scale : 1.0f;
       out_scale[r] = ts * 512.0f;
+      for (int64_t gi = 0; gi < groups; ++gi)
+        if (E4M3::is_nan(a.scales[r * groups + gi])) out_scale[r] = detail::quiet_nan();
     } else {
       int m = -1;
       for (int64_t gi = 0; gi < groups; ++gi) {
@@ -66,6 +68,8 @@ Status prepack_cpu(const PrepackArgs& a) {
       }
       emax[size_t(r)] = m < 0 ? 127 : m;
       out_scale[r] = std::ldexp(1.0f, emax[size_t(r)] - 128);
+      for (int64_t gi = 0; gi < groups; ++gi)
+        if (a.scales[r * groups + gi] == 0xFF) out_scale[r] = detail::mx_nan_row(emax[size_t(r)]);
     }
   }
 
@@ -143,6 +147,10 @@ Status unpack_cpu(Format format, int64_t n, int64_t k, const void* src, uint8_t*
               packed[row * (k / 2) + col / 2] |= uint8_t((col & 1) ? code << 4 : code);
             }
       }
+  // MXFP4 rows: emax from out_scale = 2^(emax-128), or from the payload of a NaN row's out_scale.
+  std::vector<int> mx_emax(size_t(n), 127);
+  if (format == Format::kMXFP4)
+    for (int64_t r = 0; r < n; ++r) mx_emax[size_t(r)] = detail::mx_emax_of(out_scale[r]);
   const int sb = l.scale_bytes_per_lane;
   for (int64_t rt = 0; rt < l.row_tiles; ++rt)
     for (int64_t j = 0; j < l.k_macros; ++j)
@@ -157,12 +165,7 @@ Status unpack_cpu(Format format, int64_t n, int64_t k, const void* src, uint8_t*
             const int64_t row = rt * 16 + g + 8 * half;
             if (row >= n) continue;
             uint8_t v = rec[layout::scale_byte(format, cc, half)];
-            if (format == Format::kMXFP4 && v != 0xFF) {
-              int emax = 0;
-              std::frexp(out_scale[row], &emax);  // out_scale = 2^(emax-128) = 0.5 * 2^(emax-127)
-              emax += 127;
-              v = uint8_t(int(v) + emax - 254);
-            }
+            if (format == Format::kMXFP4 && v != 0xFF) v = uint8_t(int(v) + mx_emax[size_t(row)] - 254);
             scales[row * groups + grp] = v;
           }
         }

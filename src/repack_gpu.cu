@@ -24,14 +24,19 @@ __global__ void row_factor_kernel(Format f, int64_t n, int64_t n_pad, int64_t gr
   if (r >= n) { out_scale[r] = 0.0f; return; }
   if (f == Format::kNVFP4) {
     const float t = row_ts ? row_ts[r] : ts ? *ts : 1.0f;
-    out_scale[r] = t * 512.0f;
+    bool nan = false;
+    for (int64_t gi = 0; gi < groups; ++gi) nan = nan || E4M3::is_nan(scales[r * groups + gi]);
+    out_scale[r] = nan ? detail::quiet_nan() : t * 512.0f;
   } else {
     int m = -1;
+    bool nan = false;
     for (int64_t gi = 0; gi < groups; ++gi) {
       const uint8_t e = scales[r * groups + gi];
+      nan = nan || e == 0xFF;
       if (e != 0xFF && int(e) > m) m = e;
     }
-    out_scale[r] = ldexpf(1.0f, (m < 0 ? 127 : m) - 128);
+    const int emax = m < 0 ? 127 : m;
+    out_scale[r] = nan ? detail::mx_nan_row(emax) : ldexpf(1.0f, emax - 128);
   }
 }
 
@@ -76,11 +81,7 @@ __global__ void scale_kernel(Format f, int64_t n, int64_t groups, int64_t row_ti
       const int64_t row = rt * 16 + g + 8 * half;
       if (row >= n) continue;
       uint8_t v = scales[row * groups + grp];
-      if (f == Format::kMXFP4) {
-        int e2;
-        frexpf(out_scale[row], &e2);  // out_scale = 2^(emax - 128)
-        v = uint8_t(detail::mx_rebase(v, e2 + 127));
-      }
+      if (f == Format::kMXFP4) v = uint8_t(detail::mx_rebase(v, detail::mx_emax_of(out_scale[row])));
       rec[layout::scale_byte(f, cc, half)] = v;
     }
   }

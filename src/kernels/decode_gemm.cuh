@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fp4kit/formats.h"
 #include "kernels/decode_layout.h"
@@ -132,29 +133,72 @@ template <> struct Act<__half> {
   __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
 };
 
-// Block scale byte -> the multiplier of the raw dequantised pair, splat to both halves.
-template <Format F, typename T>
-__device__ __forceinline__ uint32_t scale_pair(uint32_t b) {
-  float v;
-  if (F == Format::kNVFP4) {
-    // E4M3 bits shifted into fp32 position read as |s| * 2^-120 (subnormals included); rescale exactly.
-    v = __uint_as_float((b & 0x7Fu) << 20) * 0x1p120f * Act<T>::kNvScaleFactor;
-    v = (b & 0x80u) ? -v : v;
-    v = ((b & 0x7Fu) == 0x7Fu) ? __uint_as_float(0x7FC00000u) : v;
-  } else {
-    // Re-based E8M0: 2^(e'-127) (e' = 0 reads as 0: a flushed block); 255 is NaN.
-    v = (b == 0xFFu) ? __uint_as_float(0x7FC00000u) : __uint_as_float(b << 23) * Act<T>::kMxScaleFactor;
+// Block scales -> the multipliers of the raw dequantised pairs.
+//
+// Prepack put the scales of one unit (NVFP4: a chunk; MXFP4: a chunk pair) for rows g and g+8 in the even
+// (or odd) bytes of a 32-bit word, so a mask turns two scales into one 16x2 register {row g, row g+8}:
+//   NVFP4, BF16: E4M3 bits moved to bf16 position read as |s| * 2^-120 (subnormals included), sign at 15;
+//                two exact bf16x2 multiplies (2^120, 2^117) give s * 2^117.
+//   NVFP4, FP16: E4M3 bits at fp16 position read as s * 2^-8; one multiply by 2^13 gives s * 2^5.
+//   MXFP4, BF16: the re-based exponent e' at bf16 exponent position is 2^(e'-127) directly.
+//   MXFP4, FP16: 2^(e'-239) may be an fp16 subnormal: computed in fp32 and converted.
+// NaN scales need no test here: prepack made the row's out_scale NaN.
+template <Format F, typename T> struct Scales;
+
+template <typename T> struct Scales<Format::kNVFP4, T> {
+  uint32_t v[layout::kChunksPerMacro];  // per chunk: {s_g, s_g8}
+  __device__ __forceinline__ void decode(const uint4 rec) {
+    const uint32_t w[4] = {rec.x, rec.y, rec.z, rec.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (std::is_same<T, __nv_bfloat16>::value) {
+        const uint32_t even = ((w[i] << 4) & 0x07F007F0u) | ((w[i] << 8) & 0x80008000u);
+        const uint32_t odd = ((w[i] >> 4) & 0x07F007F0u) | (w[i] & 0x80008000u);
+        constexpr uint32_t k120 = 0x7B807B80u, k117 = 0x7A207A20u;  // bf16x2 {2^120}, {2^117}
+        v[2 * i] = Act<T>::mul2(Act<T>::mul2(even, k120), k117);
+        v[2 * i + 1] = Act<T>::mul2(Act<T>::mul2(odd, k120), k117);
+      } else {
+        const uint32_t even = ((w[i] << 7) & 0x3F803F80u) | ((w[i] << 8) & 0x80008000u);
+        const uint32_t odd = ((w[i] >> 1) & 0x3F803F80u) | (w[i] & 0x80008000u);
+        constexpr uint32_t k13 = 0x70007000u;  // fp16x2 {2^13}
+        v[2 * i] = Act<T>::mul2(even, k13);
+        v[2 * i + 1] = Act<T>::mul2(odd, k13);
+      }
+    }
   }
-  return Act<T>::splat(v);
-}
+  __device__ __forceinline__ uint32_t get(int cc) const { return v[cc]; }
+};
+
+template <typename T> struct Scales<Format::kMXFP4, T> {
+  uint32_t v[layout::kChunksPerMacro / 2];  // per chunk pair: {s_g, s_g8}
+  __device__ __forceinline__ void decode(const uint2 rec) {
+    const uint32_t w[2] = {rec.x, rec.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (std::is_same<T, __nv_bfloat16>::value) {
+        v[2 * i] = (w[i] << 7) & 0x7F807F80u;
+        v[2 * i + 1] = (w[i] >> 1) & 0x7F807F80u;
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float lo = __uint_as_float(((w[i] >> (8 * h)) & 0xFFu) << 23) * 0x1p-112f;
+          const float hi = __uint_as_float(((w[i] >> (16 + 8 * h)) & 0xFFu) << 23) * 0x1p-112f;
+          __half2 p = __floats2half2_rn(lo, hi);
+          v[2 * i + h] = *reinterpret_cast<uint32_t*>(&p);
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ uint32_t get(int cc) const { return v[cc / 2]; }
+};
+
+// {x, x} from the low or high half of a 16x2 register (folds into the multiply's operand selector).
+__device__ __forceinline__ uint32_t dup_lo(uint32_t v) { return __byte_perm(v, 0, 0x1010); }
+__device__ __forceinline__ uint32_t dup_hi(uint32_t v) { return __byte_perm(v, 0, 0x3232); }
 
 template <Format F> struct ScaleRecord;
 template <> struct ScaleRecord<Format::kNVFP4> {
   uint4 v;
-  __device__ __forceinline__ uint32_t byte(int i) const {
-    const uint32_t w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
-    return (w >> (8 * (i & 3))) & 0xFFu;
-  }
   __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t pol) {
     v = ld_stream(reinterpret_cast<const uint4*>(base) + rec, pol);
   }
@@ -162,7 +206,6 @@ template <> struct ScaleRecord<Format::kNVFP4> {
 };
 template <> struct ScaleRecord<Format::kMXFP4> {
   uint2 v;
-  __device__ __forceinline__ uint32_t byte(int i) const { return ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFFu; }
   __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t) {
     v = __ldg(reinterpret_cast<const uint2*>(base) + rec);
   }
@@ -203,8 +246,9 @@ __device__ __forceinline__ void load_chunks(Slice<F, RW, CH>& sl, const DecodePa
 }
 
 template <Format F, typename T, int NT, int RW, int CH>
-__device__ __forceinline__ void compute_chunks(const Slice<F, RW, CH>& sl, const DecodeParams& p, int j,
-                                               int cc0, int g, int t, float (&acc)[RW][NT][4]) {
+__device__ __forceinline__ void compute_chunks(const Slice<F, RW, CH>& sl, const Scales<F, T> (&sc)[RW],
+                                               const DecodeParams& p, int j, int cc0, int g, int t,
+                                               float (&acc)[RW][NT][4]) {
   const T* x = static_cast<const T*>(p.x);
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
@@ -228,8 +272,8 @@ __device__ __forceinline__ void compute_chunks(const Slice<F, RW, CH>& sl, const
     }
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      const uint32_t s_lo = scale_pair<F, T>(sl.s[r].byte(layout::scale_byte(F, cc, 0)));
-      const uint32_t s_hi = scale_pair<F, T>(sl.s[r].byte(layout::scale_byte(F, cc, 1)));
+      const uint32_t s2 = sc[r].get(cc);
+      const uint32_t s_lo = dup_lo(s2), s_hi = dup_hi(s2);
       const uint32_t q[4] = {sl.w[r][i].x, sl.w[r][i].y, sl.w[r][i].z, sl.w[r][i].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -309,10 +353,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     for (int j = j0; j < j1; ++j) {
       Slice<F, RW, CH> sl;
       load_scales<F, RW, CH>(sl, p, rt, j, lane, pol);
+      load_chunks<F, RW, CH>(sl, p, rt, j, 0, lane, pol);
+      Scales<F, T> sc[RW];
+#pragma unroll
+      for (int r = 0; r < RW; ++r) sc[r].decode(sl.s[r].v);
 #pragma unroll
       for (int cc0 = 0; cc0 < layout::kChunksPerMacro; cc0 += CH) {
-        load_chunks<F, RW, CH>(sl, p, rt, j, cc0, lane, pol);
-        compute_chunks<F, T, NT, RW, CH>(sl, p, j, cc0, g, t, acc);
+        if (cc0 > 0) load_chunks<F, RW, CH>(sl, p, rt, j, cc0, lane, pol);
+        compute_chunks<F, T, NT, RW, CH>(sl, sc, p, j, cc0, g, t, acc);
       }
     }
 

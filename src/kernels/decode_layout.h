@@ -57,8 +57,12 @@ FP4KIT_HD int pair_row(int g, int p) { return (p & 1) ? g + 8 : g; }
 FP4KIT_HD int pair_k(int s, int p, int h) { return 4 * s + ((p & 2) ? 2 : 0) + h; }
 
 // Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
+// Each 32-bit word holds two scale "units" u0, u1 (NVFP4: chunks; MXFP4: chunk pairs) as bytes
+// [u0 g, u1 g, u0 g+8, u1 g+8]: the even bytes of a word are one unit's two rows, so one mask turns them
+// into a BF16x2 {row g, row g+8}, and the odd bytes with one more shift.
 FP4KIT_HD int scale_byte(Format f, int cc, int row_half) {
-  return f == Format::kNVFP4 ? 2 * cc + row_half : 2 * (cc / 2) + row_half;
+  const int unit = f == Format::kNVFP4 ? cc : cc / 2;
+  return 4 * (unit / 2) + 2 * row_half + (unit % 2);
 }
 // The checkpoint group of that scale.
 FP4KIT_HD int64_t scale_group(Format f, int64_t c, int t) { return lane_kbase(f, c, t) / (f == Format::kNVFP4 ? 16 : 32); }

@@ -1,0 +1,201 @@
+// test_repack.cpp: the prepacked layout on the CPU: every value lands where decode_layout.h says, the
+// round trip prepack -> unpack is bit-exact (both formats, shapes off every tile), padding is zero, the
+// per-row factors follow repack.h, and bad arguments are rejected with their rule.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fp4kit/repack.h"
+#include "kernels/decode_layout.h"
+#include "testing.h"
+
+using namespace fp4kit;
+
+namespace {
+std::mt19937& rng() {
+  static std::mt19937 r([] {
+    const unsigned seed = unsigned(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("seed %u\n", seed);
+    return seed;
+  }());
+  return r;
+}
+
+struct Ckpt {
+  std::vector<uint8_t> packed, scales;
+};
+Ckpt random_ckpt(Format f, int64_t n, int64_t k) {
+  Ckpt c;
+  c.packed.resize(size_t(n * k / 2));
+  c.scales.resize(size_t(n * (k / group_size(f))));
+  std::uniform_int_distribution<int> b(0, 255);
+  for (auto& v : c.packed) v = uint8_t(b(rng()));
+  for (auto& v : c.scales) v = uint8_t(f == Format::kMXFP4 ? 100 + b(rng()) % 60 : b(rng()) & 0xFE);
+  return c;
+}
+}  // namespace
+
+// Every bit of every value sits at exactly one position: the layout is a bijection.
+TEST(bit_positions_are_a_bijection) {
+  std::vector<int> seen(32, 0);
+  for (int p = 0; p < 4; ++p)
+    for (int h = 0; h < 2; ++h)
+      for (int b = 0; b < 4; ++b) ++seen[size_t(layout::bit_position(p, h, b))];
+  for (int i = 0; i < 32; ++i) CHECK_EQ(seen[size_t(i)], 1);
+  // Each lane covers 16 distinct K per chunk, the 4 lanes of a quad cover the chunk (NVFP4) or a
+  // chunk pair (MXFP4) exactly once.
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    std::vector<int> k(256, 0);
+    for (int c = 0; c < 4; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int i = 0; i < 16; ++i) ++k[size_t(layout::lane_kbase(f, c, t) + i)];
+    for (int i = 0; i < 256; ++i) CHECK_EQ(k[size_t(i)], 1);
+  }
+}
+
+TEST(round_trip_bit_exact) {
+  struct S { int64_t n, k; };
+  const S shapes[] = {{16, 64}, {17, 96}, {1, 32}, {40, 2880}, {33, 1056}, {128, 512}, {5, 4128}};
+  for (Format f : {Format::kNVFP4, Format::kMXFP4})
+    for (const S& s : shapes) {
+      if (s.k % group_size(f)) continue;
+      Ckpt c = random_ckpt(f, s.n, s.k);
+      PackedLayout l;
+      CHECK_OK(packed_layout(f, s.n, s.k, &l));
+      std::vector<uint8_t> buf(l.total_bytes, 0xA5);
+      const float ts = 0.25f;
+      PrepackArgs a;
+      a.format = f;
+      a.n = s.n;
+      a.k = s.k;
+      a.packed = c.packed.data();
+      a.scales = c.scales.data();
+      a.tensor_scale = f == Format::kNVFP4 ? &ts : nullptr;
+      a.dst = buf.data();
+      CHECK_OK(prepack_cpu(a));
+      std::vector<uint8_t> p2(c.packed.size()), s2(c.scales.size());
+      CHECK_OK(unpack_cpu(f, s.n, s.k, buf.data(), p2.data(), s2.data()));
+      CHECK_MSG(p2 == c.packed, format_name(f) << " " << s.n << "x" << s.k << ": codes differ");
+      CHECK_MSG(s2 == c.scales, format_name(f) << " " << s.n << "x" << s.k << ": scales differ");
+      // Row factors: NVFP4 ts * 2^9; MXFP4 2^(emax - 128); padding rows 0.
+      const float* os = reinterpret_cast<const float*>(buf.data() + l.out_scale_offset);
+      const int64_t groups = s.k / group_size(f);
+      for (int64_t r = 0; r < s.n; ++r) {
+        if (f == Format::kNVFP4) {
+          CHECK_EQ(os[r], 128.0f);
+        } else {
+          int emax = 0;
+          for (int64_t gi = 0; gi < groups; ++gi) emax = std::max<int>(emax, c.scales[size_t(r * groups + gi)]);
+          CHECK_EQ(os[r], std::ldexp(1.0f, emax - 128));
+        }
+      }
+      for (int64_t r = s.n; r < l.n_pad; ++r) CHECK_EQ(os[r], 0.0f);
+    }
+}
+
+// A NaN block scale makes its row's factor NaN; unpack still restores the original bytes.
+TEST(nan_scale_rows) {
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t n = 20, k = 256, groups = k / group_size(f);
+    Ckpt c = random_ckpt(f, n, k);
+    c.scales[size_t(3 * groups + 1)] = f == Format::kNVFP4 ? 0x7F : 0xFF;
+    c.scales[size_t(9 * groups)] = f == Format::kNVFP4 ? 0xFF : 0xFF;
+    PackedLayout l;
+    CHECK_OK(packed_layout(f, n, k, &l));
+    std::vector<uint8_t> buf(l.total_bytes);
+    PrepackArgs a;
+    a.format = f;
+    a.n = n;
+    a.k = k;
+    a.packed = c.packed.data();
+    a.scales = c.scales.data();
+    a.dst = buf.data();
+    CHECK_OK(prepack_cpu(a));
+    const float* os = reinterpret_cast<const float*>(buf.data() + l.out_scale_offset);
+    for (int64_t r = 0; r < n; ++r) CHECK_EQ(std::isnan(os[r]), r == 3 || r == 9);
+    std::vector<uint8_t> p2(c.packed.size()), s2(c.scales.size());
+    CHECK_OK(unpack_cpu(f, n, k, buf.data(), p2.data(), s2.data()));
+    CHECK(p2 == c.packed);
+    CHECK(s2 == c.scales);
+  }
+}
+
+TEST(per_row_tensor_scales) {
+  const int64_t n = 24, k = 64;
+  Ckpt c = random_ckpt(Format::kNVFP4, n, k);
+  std::vector<float> rts(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) rts[size_t(r)] = 0.5f + float(r);
+  PackedLayout l;
+  CHECK_OK(packed_layout(Format::kNVFP4, n, k, &l));
+  std::vector<uint8_t> buf(l.total_bytes);
+  PrepackArgs a;
+  a.n = n;
+  a.k = k;
+  a.packed = c.packed.data();
+  a.scales = c.scales.data();
+  a.row_tensor_scale = rts.data();
+  a.dst = buf.data();
+  CHECK_OK(prepack_cpu(a));
+  const float* os = reinterpret_cast<const float*>(buf.data() + l.out_scale_offset);
+  for (int64_t r = 0; r < n; ++r)
+    if (!std::isnan(os[r])) CHECK_EQ(os[r], rts[size_t(r)] * 512.0f);
+}
+
+TEST(layout_sizes) {
+  PackedLayout l;
+  CHECK_OK(packed_layout(Format::kNVFP4, 17, 80, &l));
+  CHECK_EQ(l.n_pad, 32);
+  CHECK_EQ(l.k_pad, 128);
+  CHECK_EQ(l.weights_bytes, size_t(2 * 2 * 32 * 16));
+  CHECK_EQ(l.total_bytes % 256, size_t(0));
+  CHECK_OK(packed_layout(Format::kMXFP4, 1, 2880, &l));
+  CHECK_EQ(l.k_pad, 2944);
+  CHECK_EQ(l.k_macros, 6);
+}
+
+TEST(prepack_errors) {
+  std::vector<uint8_t> p(64), s(64), d(1 << 16);
+  PrepackArgs a;
+  a.n = 4;
+  a.k = 32;
+  a.packed = p.data();
+  a.scales = s.data();
+  a.dst = d.data();
+  PrepackArgs b = a;
+  b.k = 24;
+  CHECK_ERROR(prepack_cpu(b), "k: must be a multiple of the group size 16 for nvfp4 (got 24)");
+  b = a;
+  b.format = Format::kMXFP4;
+  b.k = 48;
+  CHECK_ERROR(prepack_cpu(b), "k: must be a multiple of the group size 32 for mxfp4 (got 48)");
+  b = a;
+  b.n = 0;
+  CHECK_ERROR(prepack_cpu(b), "n: must be >= 1 (got 0)");
+  b = a;
+  b.packed = nullptr;
+  CHECK_ERROR(prepack_cpu(b), "packed: must not be null");
+  b = a;
+  b.scales = nullptr;
+  CHECK_ERROR(prepack_cpu(b), "scales: must not be null");
+  b = a;
+  b.dst = d.data() + 1;
+  CHECK_ERROR(prepack_cpu(b), "dst: must be 16-byte aligned");
+  float ts = 1.0f;
+  b = a;
+  b.format = Format::kMXFP4;
+  b.tensor_scale = &ts;
+  CHECK_ERROR(prepack_cpu(b), "tensor_scale: mxfp4 has no tensor scale");
+  b = a;
+  b.tensor_scale = &ts;
+  b.row_tensor_scale = &ts;
+  CHECK_ERROR(prepack_cpu(b), "row_tensor_scale: give either");
+  b = a;
+  b.format = static_cast<Format>(7);
+  CHECK_ERROR(prepack_cpu(b), "format: must be nvfp4 or mxfp4");
+  PackedLayout l;
+  CHECK_ERROR(packed_layout(Format::kNVFP4, 1, int64_t(1) << 40, &l), "k: must be < 2^31");
+}
+
+TEST_MAIN()
