@@ -24,14 +24,14 @@ struct KernelConfig {
 // id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per load
 // Order matters: for each n_tiles the first entry is the dispatcher's default.
 inline constexpr KernelConfig kKernelConfigs[] = {
-    {0, "m8_r1_w8_b4_c4", 1, 1, 8, 4, 4},
-    {1, "m8_r1_w8_b3_c8", 1, 1, 8, 3, 8},
+    {0, "m8_r1_w8_b3_c8", 1, 1, 8, 3, 8},
+    {1, "m8_r1_w8_b4_c4", 1, 1, 8, 4, 4},
     {2, "m16_r2_w8_b2_c8", 2, 2, 8, 2, 8},
-    {3, "m16_r1_w8_b4_c4", 2, 1, 8, 4, 4},
-    {4, "m16_r1_w8_b3_c8", 2, 1, 8, 3, 8},
+    {3, "m16_r1_w8_b3_c8", 2, 1, 8, 3, 8},
+    {4, "m16_r1_w8_b4_c4", 2, 1, 8, 4, 4},
     {5, "m32_r2_w8_b2_c4", 4, 2, 8, 2, 4},
-    {6, "m64_r1_w8_b2_c4", 8, 1, 8, 2, 4},
-    {7, "m64_r2_w8_b1_c8", 8, 2, 8, 1, 8},
+    {6, "m64_r2_w8_b1_c8", 8, 2, 8, 1, 8},
+    {7, "m64_r1_w8_b2_c4", 8, 1, 8, 2, 4},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

@@ -65,17 +65,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p, uint64_t policy) {
                : "l"(p), "l"(policy));
   return v;
 }
-// Pull `bytes` (a multiple of 512) at p into L2 ahead of use, without registers or shared memory: on
-// Hopper one bulk-prefetch instruction from lane 0; elsewhere one 128-byte line per lane.
-__device__ __forceinline__ void prefetch_l2(const void* p, int bytes, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (int off = lane * 128; off < bytes; off += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + off));
-#endif
-}
-
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -331,7 +320,6 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
 template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
-  constexpr int kPrefetch = 2;                      // K slices prefetched into L2 ahead of use
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -363,19 +351,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     // Main loop over the K slices of this segment. Latency is hidden by the other resident warps
     // (the configs are sized for several CTAs per SM), not by software pipelining in registers.
     for (int j = j0; j < j1; ++j) {
-      // L2 prefetch kPrefetch slices ahead: each warp keeps ~9 KB more in flight at no register cost,
-      // which is what an unpipelined warp lacks (measured: 53% issue-active, stalled on loads).
-      if (j + kPrefetch < j1) {
-#pragma unroll
-        for (int r = 0; r < RW; ++r) {
-          if (rt[r] >= p.row_tiles) continue;
-          const int jp = j + kPrefetch;
-          const int c0 = jp * layout::kChunksPerMacro;
-          const int nch = min(layout::kChunksPerMacro, p.k_chunks - c0);
-          prefetch_l2(p.weights + (int64_t(rt[r]) * p.k_chunks + c0) * 32, nch * 512, lane);
-          prefetch_l2(p.scales + (int64_t(rt[r]) * p.k_macros + jp) * 32 * sizeof(ScaleRecord<F>), 32 * int(sizeof(ScaleRecord<F>)), lane);
-        }
-      }
       Slice<F, RW, CH> sl;
       load_scales<F, RW, CH>(sl, p, rt, j, lane, pol);
       load_chunks<F, RW, CH>(sl, p, rt, j, 0, lane, pol);
