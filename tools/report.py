@@ -13,11 +13,13 @@ from pathlib import Path
 
 
 def load(paths):
+    """Each run's rows, keeping only what dispatch picks (a --config all sweep also times the others)."""
     runs = []
     for p in paths:
         with open(p) as f:
             d = json.load(f)
         d["_path"] = str(p)
+        d["rows"] = [r for r in d["rows"] if r.get("dispatch", True)]
         runs.append(d)
     return runs
 
