@@ -16,22 +16,25 @@ struct KernelConfig {
   int row_tiles;    // 16-row weight tiles per warp (B fragments are reused across them)
   int warps;        // warps per CTA (all walk the same K slice, so X is shared through L1)
   int min_blocks;   // CTAs per SM the register budget is sized for (__launch_bounds__)
-  int chunks;       // 16-byte records loaded per row tile before computing (8: a whole K slice; 4: half)
+  int chunks;       // CH: 16-byte records per row tile in one pipeline stage (divides 8)
+  int stages;       // D: stages in the register ring (1: load, then compute; 2+: the next stages in flight)
 };
 
 // The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
 // config is written down.
-// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per load
+// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per stage, stages
 // Order matters: for each n_tiles the first entry is the dispatcher's default.
 inline constexpr KernelConfig kKernelConfigs[] = {
-    {0, "m8_r1_w8_b3_c8", 1, 1, 8, 3, 8},
-    {1, "m8_r1_w8_b4_c4", 1, 1, 8, 4, 4},
-    {2, "m16_r2_w8_b2_c8", 2, 2, 8, 2, 8},
-    {3, "m16_r1_w8_b3_c8", 2, 1, 8, 3, 8},
-    {4, "m16_r1_w8_b4_c4", 2, 1, 8, 4, 4},
-    {5, "m32_r2_w8_b2_c4", 4, 2, 8, 2, 4},
-    {6, "m64_r2_w8_b1_c8", 8, 2, 8, 1, 8},
-    {7, "m64_r1_w8_b2_c4", 8, 1, 8, 2, 4},
+    {0, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2},
+    {1, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4},
+    {2, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1},
+    {3, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2},
+    {4, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2},
+    {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2},
+    {6, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2},
+    {7, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2},
+    {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2},
+    {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

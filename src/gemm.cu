@@ -24,7 +24,7 @@ using KernelFn = void (*)(const kernels::DecodeParams);
 template <Format F, typename T, size_t I>
 KernelFn instantiate() {
   constexpr KernelConfig c = kKernelConfigs[I];
-  return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks>;
+  return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages>;
 }
 template <Format F, typename T, size_t... I>
 KernelFn kernel_for_impl(int id, std::index_sequence<I...>) {

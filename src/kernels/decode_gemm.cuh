@@ -21,10 +21,10 @@
 //   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
 //     slices (+-1), whatever the shape. A row group split between CTAs is finished by the last one to
 //     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
-//   - No software pipeline in registers: a warp issues all loads of CH chunks (2-4 KB) and then computes;
-//     the configs keep registers low enough for 24-32 resident warps per SM, which together keep
-//     > 50 KB per SM in flight (what Little's law asks of HBM3e at ~1 us latency). Measured: a
-//     register double-buffered variant with 8 warps/SM reached 39% of the copy roofline, 24 warps 63%.
+//   - A small register ring (D stages of CH records) per warp plus 16-24 resident warps per SM keep
+//     > 50 KB per SM in flight (what Little's law asks of HBM3e at ~1 us latency) while the ring is
+//     drained. Measured (NOTES.md): a whole-slice double buffer at 8 warps/SM reached 39% of the copy
+//     roofline; load-then-compute at 24 warps/SM 63-73%.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -146,27 +146,28 @@ template <> struct Act<__half> {
 template <Format F, typename T> struct Scales;
 
 template <typename T> struct Scales<Format::kNVFP4, T> {
-  uint32_t v[layout::kChunksPerMacro];  // per chunk: {s_g, s_g8}
+  uint32_t w[4];  // the raw record; decoded per chunk (keeps 4 registers instead of 8 per row tile)
   __device__ __forceinline__ void decode(const uint4 rec) {
-    const uint32_t w[4] = {rec.x, rec.y, rec.z, rec.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (std::is_same<T, __nv_bfloat16>::value) {
-        const uint32_t even = ((w[i] << 4) & 0x07F007F0u) | ((w[i] << 8) & 0x80008000u);
-        const uint32_t odd = ((w[i] >> 4) & 0x07F007F0u) | (w[i] & 0x80008000u);
-        constexpr uint32_t k120 = 0x7B807B80u, k117 = 0x7A007A00u;  // bf16x2 {2^120}, {2^117}
-        v[2 * i] = Act<T>::mul2(Act<T>::mul2(even, k120), k117);
-        v[2 * i + 1] = Act<T>::mul2(Act<T>::mul2(odd, k120), k117);
-      } else {
-        const uint32_t even = ((w[i] << 7) & 0x3F803F80u) | ((w[i] << 8) & 0x80008000u);
-        const uint32_t odd = ((w[i] >> 1) & 0x3F803F80u) | (w[i] & 0x80008000u);
-        constexpr uint32_t k13 = 0x70007000u;  // fp16x2 {2^13}
-        v[2 * i] = Act<T>::mul2(even, k13);
-        v[2 * i + 1] = Act<T>::mul2(odd, k13);
-      }
+    w[0] = rec.x;
+    w[1] = rec.y;
+    w[2] = rec.z;
+    w[3] = rec.w;
+  }
+  // {s_g, s_g8} of chunk cc: the even bytes of word cc/2 for even cc, the odd bytes for odd cc.
+  __device__ __forceinline__ uint32_t get(int cc) const {
+    const uint32_t x = w[cc >> 1];
+    if (std::is_same<T, __nv_bfloat16>::value) {
+      const uint32_t raw = (cc & 1) ? ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u)
+                                    : ((x << 4) & 0x07F007F0u) | ((x << 8) & 0x80008000u);
+      constexpr uint32_t k120 = 0x7B807B80u, k117 = 0x7A007A00u;  // bf16x2 {2^120}, {2^117}
+      return Act<T>::mul2(Act<T>::mul2(raw, k120), k117);
+    } else {
+      const uint32_t raw = (cc & 1) ? ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u)
+                                    : ((x << 7) & 0x3F803F80u) | ((x << 8) & 0x80008000u);
+      constexpr uint32_t k13 = 0x70007000u;  // fp16x2 {2^13}
+      return Act<T>::mul2(raw, k13);
     }
   }
-  __device__ __forceinline__ uint32_t get(int cc) const { return v[cc]; }
 };
 
 template <typename T> struct Scales<Format::kMXFP4, T> {
@@ -212,49 +213,48 @@ template <> struct ScaleRecord<Format::kMXFP4> {
   __device__ __forceinline__ void zero() { v = make_uint2(0, 0); }
 };
 
-// CH chunks (of the 8 in K slice j) of RW row tiles, with the slice's scale records, as one lane holds
-// them. CH = 8 loads a whole slice at once (more bytes in flight per warp); CH = 4 halves the registers
-// so that more warps fit on an SM.
-template <Format F, int RW, int CH> struct Slice {
+// The register ring: D stages of CH chunks (16-byte records) for each of the warp's RW row tiles. While
+// stage i is dequantised and multiplied, stages i+1 .. i+D-1 are in flight, so a warp keeps streaming
+// through its own compute instead of relying only on other warps to cover the load latency.
+template <int RW, int CH> struct Stage {
   uint4 w[RW][CH];
-  ScaleRecord<F> s[RW];
 };
 
-template <Format F, int RW, int CH>
-__device__ __forceinline__ void load_scales(Slice<F, RW, CH>& sl, const DecodeParams& p, const int* rt, int j,
-                                            int lane, uint64_t pol) {
-#pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    if (rt[r] < p.row_tiles) sl.s[r].load(p.scales, (int64_t(rt[r]) * p.k_macros + j) * 32 + lane, pol);
-    else sl.s[r].zero();
-  }
-}
-
-template <Format F, int RW, int CH>
-__device__ __forceinline__ void load_chunks(Slice<F, RW, CH>& sl, const DecodeParams& p, const int* rt, int j,
-                                            int cc0, int lane, uint64_t pol) {
+template <int RW, int CH>
+__device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams& p, const int* rt, int c0,
+                                           int c_end, int lane, uint64_t pol) {
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
     const bool ok = rt[r] < p.row_tiles;
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
-      const int c = j * layout::kChunksPerMacro + cc0 + i;
-      sl.w[r][i] = (ok && c < p.k_chunks) ? ld_stream(p.weights + (int64_t(rt[r]) * p.k_chunks + c) * 32 + lane, pol)
-                                          : make_uint4(0, 0, 0, 0);
+      const int c = c0 + i;
+      st.w[r][i] = (ok && c < c_end) ? ld_stream(p.weights + (int64_t(rt[r]) * p.k_chunks + c) * 32 + lane, pol)
+                                     : make_uint4(0, 0, 0, 0);
     }
   }
 }
 
+template <Format F, int RW>
+__device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], const DecodeParams& p,
+                                                   const int* rt, int j, int lane, uint64_t pol) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    if (rt[r] < p.row_tiles) rec[r].load(p.scales, (int64_t(rt[r]) * p.k_macros + j) * 32 + lane, pol);
+    else rec[r].zero();
+  }
+}
+
 template <Format F, typename T, int NT, int RW, int CH>
-__device__ __forceinline__ void compute_chunks(const Slice<F, RW, CH>& sl, const Scales<F, T> (&sc)[RW],
-                                               const DecodeParams& p, int j, int cc0, int g, int t,
-                                               float (&acc)[RW][NT][4]) {
+__device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
+                                              const DecodeParams& p, int c0, int c_end, int g, int t,
+                                              float (&acc)[RW][NT][4]) {
   const T* x = static_cast<const T*>(p.x);
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
-    const int cc = cc0 + i;
-    const int c = j * layout::kChunksPerMacro + cc;
-    if (c >= p.k_chunks) break;
+    const int c = c0 + i;
+    if (c >= c_end) break;
+    const int cc = c & (layout::kChunksPerMacro - 1);
     const int kb = int(layout::lane_kbase(F, c, t));
     // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are
     // discarded); zero past K, where the weights are zero padding and X must not be read.
@@ -274,7 +274,7 @@ __device__ __forceinline__ void compute_chunks(const Slice<F, RW, CH>& sl, const
     for (int r = 0; r < RW; ++r) {
       const uint32_t s2 = sc[r].get(cc);
       const uint32_t s_lo = dup_lo(s2), s_hi = dup_hi(s2);
-      const uint32_t q[4] = {sl.w[r][i].x, sl.w[r][i].y, sl.w[r][i].z, sl.w[r][i].w};
+      const uint32_t q[4] = {st.w[r][i].x, st.w[r][i].y, st.w[r][i].z, st.w[r][i].w};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t a[4];
@@ -317,8 +317,9 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
   }
 }
 
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
+  static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -348,19 +349,29 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
 
-    // Main loop over the K slices of this segment. Latency is hidden by the other resident warps
-    // (the configs are sized for several CTAs per SM), not by software pipelining in registers.
-    for (int j = j0; j < j1; ++j) {
-      Slice<F, RW, CH> sl;
-      load_scales<F, RW, CH>(sl, p, rt, j, lane, pol);
-      load_chunks<F, RW, CH>(sl, p, rt, j, 0, lane, pol);
-      Scales<F, T> sc[RW];
+    // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
+    // records are loaded one slice ahead and decoded when its first stage comes up.
+    const int c_begin = j0 * layout::kChunksPerMacro;
+    const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
+    ScaleRecord<F> rec[RW];
+    Scales<F, T> sc[RW];
+    load_scale_records<F, RW>(rec, p, rt, j0, lane, pol);
+    Stage<RW, CH> ring[D];
 #pragma unroll
-      for (int r = 0; r < RW; ++r) sc[r].decode(sl.s[r].v);
+    for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], p, rt, c_begin + d * CH, c_end, lane, pol);
+    for (int base = c_begin; base < c_end; base += D * CH) {
 #pragma unroll
-      for (int cc0 = 0; cc0 < layout::kChunksPerMacro; cc0 += CH) {
-        if (cc0 > 0) load_chunks<F, RW, CH>(sl, p, rt, j, cc0, lane, pol);
-        compute_chunks<F, T, NT, RW, CH>(sl, sc, p, j, cc0, g, t, acc);
+      for (int d = 0; d < D; ++d) {
+        const int cs = base + d * CH;
+        if (cs >= c_end) break;
+        load_stage<RW, CH>(ring[(d + D - 1) % D], p, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
+          const int j = cs / layout::kChunksPerMacro;
+#pragma unroll
+          for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
+          if (j + 1 < j1) load_scale_records<F, RW>(rec, p, rt, j + 1, lane, pol);
+        }
+        compute_stage<F, T, NT, RW, CH>(ring[d], sc, p, cs, c_end, g, t, acc);
       }
     }
 
