@@ -68,14 +68,15 @@ Status device_facts(int* dev, DeviceFacts* out) {
   return Status::Ok();
 }
 
-Status occupancy(int dev, KernelFn fn, int threads, int* blocks) {
+Status occupancy(int dev, KernelFn fn, int threads, int smem, int* blocks) {
   std::lock_guard<std::mutex> lock(g_mu);
   for (auto& kv : g_occupancy)
     if (kv.first.first == dev && kv.first.second == fn) {
       *blocks = kv.second;
       return Status::Ok();
     }
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, threads, 0);
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, threads, size_t(smem));
   if (e != cudaSuccess || *blocks < 1)
     return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
                                         (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
@@ -84,6 +85,16 @@ Status occupancy(int dev, KernelFn fn, int threads, int* blocks) {
 }
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+// Dynamic shared memory of a launch: two X slices of 8 * n_tiles tokens.
+int x_smem_bytes(int n_tiles) {
+  switch (n_tiles) {
+    case 1: return kernels::x_stage_bytes<1>();
+    case 2: return kernels::x_stage_bytes<2>();
+    case 4: return kernels::x_stage_bytes<4>();
+    default: return kernels::x_stage_bytes<8>();
+  }
+}
 
 }  // namespace
 
@@ -105,7 +116,7 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   KernelFn fn = select_kernel(w.format, act, id);
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(occupancy(dev, fn, cfg->warps * 32, &per_sm));
+  FP4KIT_RETURN_IF_ERROR(occupancy(dev, fn, cfg->warps * 32, x_smem_bytes(cfg->n_tiles), &per_sm));
 
   DecodePlan p;
   p.cfg = cfg;
@@ -167,7 +178,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    fn<<<plan.grid, plan.cfg->warps * 32, 0, stream>>>(p);
+    fn<<<plan.grid, plan.cfg->warps * 32, x_smem_bytes(plan.cfg->n_tiles), stream>>>(p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

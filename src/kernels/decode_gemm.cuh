@@ -17,7 +17,7 @@
 //     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
 //     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
 //   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
-//     shared through L1 instead of being staged with barriers.
+//     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice).
 //   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
 //     slices (+-1), whatever the shape. A row group split between CTAs is finished by the last one to
 //     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
@@ -245,30 +245,54 @@ __device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], co
   }
 }
 
+// X staging: a CTA's warps all walk the same K slice, so the slice of X (all m tokens x 512 K) is
+// copied once into shared memory with cp.async, one slice ahead, and every warp reads its B fragments
+// there (X from L1/L2 directly stalled each chunk on a miss: ncu showed long-scoreboard stalls dominant).
+// Rows are padded by 16 bytes so the quad's 16-byte reads of a row pair hit distinct banks.
+constexpr int kXRowElems = layout::kMacroK + 8;
+template <int NT> constexpr int x_stage_bytes() { return 2 * 8 * NT * kXRowElems * 2; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Copy X[0:m, 512 j : 512 j + 512] into buffer `xs` (zero past K).
+template <typename T, int NT>
+__device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j) {
+  const T* x = static_cast<const T*>(p.x);
+  constexpr int kPieces = layout::kMacroK / 8;  // 16-byte pieces per token row
+  const int total = p.m * kPieces;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int tok = i / kPieces, piece = i % kPieces;
+    const int k = j * layout::kMacroK + piece * 8;
+    const bool valid = k < p.k;
+    cp_async16(xs + tok * kXRowElems + piece * 8, valid ? x + int64_t(tok) * p.k + k : x, valid);
+  }
+  cp_async_commit();
+}
+
 template <Format F, typename T, int NT, int RW, int CH>
 __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
-                                              const DecodeParams& p, int c0, int c_end, int g, int t,
-                                              float (&acc)[RW][NT][4]) {
-  const T* x = static_cast<const T*>(p.x);
+                                              const T* xs, const DecodeParams& p, int c0, int c_end, int g,
+                                              int t, float (&acc)[RW][NT][4]) {
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
     const int c = c0 + i;
     if (c >= c_end) break;
     const int cc = c & (layout::kChunksPerMacro - 1);
-    const int kb = int(layout::lane_kbase(F, c, t));
+    const int kl = int(layout::lane_kbase(F, c, t)) & (layout::kMacroK - 1);
     // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are
-    // discarded); zero past K, where the weights are zero padding and X must not be read.
+    // discarded). Past K the staged X is zero (and so are the padded weights).
     uint4 xv[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int tok = min(8 * nt + g, p.m - 1);
-      if (kb < p.k) {
-        const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(tok) * p.k + kb);
-        xv[nt][0] = __ldg(src);
-        xv[nt][1] = __ldg(src + 1);
-      } else {
-        xv[nt][0] = xv[nt][1] = make_uint4(0, 0, 0, 0);
-      }
+      const uint4* src = reinterpret_cast<const uint4*>(xs + tok * kXRowElems + kl);
+      xv[nt][0] = src[0];
+      xv[nt][1] = src[1];
     }
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
@@ -325,6 +349,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
   __shared__ int s_last;
+  extern __shared__ uint4 x_smem_raw[];
+  T* x_smem = reinterpret_cast<T*>(x_smem_raw);  // [2][8*NT][kXRowElems]
+  constexpr int kXBuf = 8 * NT * kXRowElems;
 
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   const int64_t G = gridDim.x, b = blockIdx.x;
@@ -356,6 +383,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
     load_scale_records<F, RW>(rec, p, rt, j0, lane, pol);
+    __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
+    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, p, j0);
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], p, rt, c_begin + d * CH, c_end, lane, pol);
@@ -365,13 +394,18 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
         const int cs = base + d * CH;
         if (cs >= c_end) break;
         load_stage<RW, CH>(ring[(d + D - 1) % D], p, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        const int j = cs / layout::kChunksPerMacro;
         if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
-          const int j = cs / layout::kChunksPerMacro;
+          // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
+          // buffer now receives slice j+1.
+          cp_async_wait_all();
+          __syncthreads();
+          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, p, j + 1);
 #pragma unroll
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, p, rt, j + 1, lane, pol);
         }
-        compute_stage<F, T, NT, RW, CH>(ring[d], sc, p, cs, c_end, g, t, acc);
+        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, p, cs, c_end, g, t, acc);
       }
     }
 
