@@ -25,14 +25,14 @@ struct KernelConfig {
 // id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per stage, stages
 // Order matters: for each n_tiles the first entry is the dispatcher's default.
 inline constexpr KernelConfig kKernelConfigs[] = {
-    {0, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2},
-    {1, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4},
-    {2, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1},
-    {3, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2},
-    {4, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2},
+    {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1},
+    {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2},
+    {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4},
+    {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2},
+    {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2},
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2},
-    {6, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2},
-    {7, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2},
+    {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2},
+    {7, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2},
     {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2},
     {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1},
 };
