@@ -52,18 +52,32 @@ def summary(runs):
 
 
 def readme_table(runs):
+    """Compact table: one row per (layer, format), speedup and % of the 4.25 TB/s copy roofline per m."""
     out = []
     for d in runs:
         rows = d["rows"]
-        out.append(f"**{', '.join(sorted({r['model'] for r in rows}))}**: {d['device']}, commit `{d['commit']}`, "
-                   f"{d['date']} (`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs, cold L2; "
-                   "speedup over cuBLASLt BF16 measured in the same run; TB/s = FP4 weight bytes (codes + scales) / time.")
+        ms = sorted({r["m"] for r in rows})
+        models = sorted({r["model"] for r in rows})
+        out.append(f"**{', '.join(models)}** on {d['device']}, commit `{d['commit']}`, {d['date']} "
+                   f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs with cold weights; "
+                   "cell = speedup over cuBLASLt BF16 measured in the same run / FP4 weight bytes (codes + "
+                   "scales) per second as % of the 4.25 TB/s copy roofline.")
         out.append("")
-        out.append("| model | layer | N x K | format | m | fp4kit us | cuBLAS us | speedup | weight TB/s | % of 4.25 TB/s |")
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-        for r in rows:
-            out.append(f"| {r['model']} | {r['layer']} | {r['n']} x {r['k']} | {r['format']} | {r['m']} | {r['us']:.1f} | "
-                       f"{r['cublas_us']:.1f} | {r['speedup']:.2f}x | {r['weight_tbps']:.2f} | {100 * r['roofline_frac']:.0f}% |")
+        out.append("| layer | N x K | format | " + " | ".join(f"m={m}" for m in ms) + " |")
+        out.append("|---|---|---|" + "---:|" * len(ms))
+        for model in models:
+            for fmt in ("nvfp4", "mxfp4"):
+                for layer in dict.fromkeys(r["layer"] for r in rows if r["model"] == model):
+                    sel = {r["m"]: r for r in rows if r["model"] == model and r["layer"] == layer and r["format"] == fmt}
+                    if not sel:
+                        continue
+                    any_r = next(iter(sel.values()))
+                    cells = [f"{sel[m]['speedup']:.2f}x / {100 * sel[m]['roofline_frac']:.0f}%" if m in sel else ""
+                             for m in ms]
+                    out.append(f"| {layer} | {any_r['n']} x {any_r['k']} | {fmt} | " + " | ".join(cells) + " |")
+                avg = [statistics.mean(r["speedup"] for r in rows if r["model"] == model and r["format"] == fmt
+                                       and r["m"] == m) for m in ms]
+                out.append(f"| **average** | | {fmt} | " + " | ".join(f"**{a:.2f}x**" for a in avg) + " |")
         out.append("")
     return "\n".join(out)
 
