@@ -27,14 +27,7 @@ namespace {
 // FP4KIT_TEST_QUICK=1 (sanitizer runs) keeps one m per case family.
 bool quick() { return std::getenv("FP4KIT_TEST_QUICK") != nullptr; }
 
-std::mt19937& rng() {
-  static std::mt19937 r([] {
-    const unsigned seed = unsigned(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::printf("seed %u\n", seed);
-    return seed;
-  }());
-  return r;
-}
+using fp4test::rng;
 
 #define CUDA_OK(expr)                                                                \
   do {                                                                               \

@@ -29,15 +29,7 @@ uint32_t bits(float f) {
   return u;
 }
 
-uint64_t test_seed() {
-  static uint64_t seed = [] {
-    const char* env = std::getenv("FP4KIT_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("seed %llu (FP4KIT_SEED=%llu repeats this run)\n", (unsigned long long)s, (unsigned long long)s);
-    return s;
-  }();
-  return seed;
-}
+using fp4test::test_seed;
 
 struct Quantized {
   std::vector<uint8_t> packed, scales;

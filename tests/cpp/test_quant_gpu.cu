@@ -33,15 +33,7 @@ namespace {
 constexpr size_t kGuard = 64;   // poisoned bytes after every output buffer
 constexpr uint8_t kPoison = 0xCD;
 
-uint64_t test_seed() {
-  static uint64_t seed = [] {
-    const char* env = std::getenv("FP4KIT_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("seed %llu (FP4KIT_SEED=%llu repeats this run)\n", (unsigned long long)s, (unsigned long long)s);
-    return s;
-  }();
-  return seed;
-}
+using fp4test::test_seed;
 
 struct DevBuf {
   void* p = nullptr;

@@ -14,14 +14,7 @@
 using namespace fp4kit;
 
 namespace {
-std::mt19937& rng() {
-  static std::mt19937 r([] {
-    const unsigned seed = unsigned(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::printf("seed %u\n", seed);
-    return seed;
-  }());
-  return r;
-}
+using fp4test::rng;
 
 struct Ckpt {
   std::vector<uint8_t> packed, scales;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,6 +35,21 @@ struct Registrar {
 inline void fail(const char* file, int line, const std::string& what) {
   if (failures() < 50) std::fprintf(stderr, "%s:%d: FAILED: %s\n", file, line, what.c_str());
   ++failures();
+}
+
+// The run's random seed: fresh each run (printed), or FP4KIT_SEED to repeat a run.
+inline uint64_t test_seed() {
+  static uint64_t seed = [] {
+    const char* env = std::getenv("FP4KIT_SEED");
+    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("seed %llu (FP4KIT_SEED=%llu repeats this run)\n", (unsigned long long)s, (unsigned long long)s);
+    return s;
+  }();
+  return seed;
+}
+inline std::mt19937& rng() {
+  static std::mt19937 r(static_cast<std::mt19937::result_type>(test_seed()));
+  return r;
 }
 
 inline int run_all(int argc, char** argv) {
