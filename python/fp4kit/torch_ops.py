@@ -57,13 +57,17 @@ def _gemm_ws_bytes(device_index: int, m: int, format: str, n: int, k: int, act: 
         return _C.gemm_workspace_bytes(m, format, n, k, act)
 
 
-# One zero-filled workspace per (device, stream): fp4kit leaves it zeroed after every call, and calls that
-# may run concurrently (different streams) need their own. Grown, never shrunk; the old one is released
+# One zero-filled workspace per (device, stream) in eager mode: fp4kit leaves it zeroed after every call,
+# and calls that may run concurrently (different streams) need their own. Grown, never shrunk; the old one is released
 # stream-ordered by torch's caching allocator, so a pending kernel on that stream is not disturbed.
 _workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
 def _workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        # Inside a CUDA graph capture: a fresh buffer from the graph's private pool, zeroed by a captured
+        # memset, so the graph never shares scratch memory with eager calls (or with other graphs).
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     key = (device.index, stream)
     ws = _workspaces.get(key)
     if ws is None or ws.numel() < nbytes:
