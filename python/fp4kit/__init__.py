@@ -9,13 +9,20 @@ Host (numpy) API, usable without a GPU:
 Checkpoint layout: packed uint8 [N, K/2] (low nibble = even K index), scales uint8 [N, K/group]
 (NVFP4: E4M3, group 16; MXFP4: E8M0, group 32), and for NVFP4 one float32 tensor scale.
 
-GPU work on torch tensors lives in ``fp4kit.torch_ops`` (imported on demand; needs torch).
+With torch (``pip install fp4kit[torch]``), the same functions take torch tensors (CPU or CUDA), and:
+    w = FP4Weight.from_float(weight_tensor, "nvfp4").prepack()   # or from_modelopt / from_gpt_oss / loaders
+    y = gemm(x, w, bias=None, out=None)                          # torch.ops.fp4kit.gemm
+    model = fp4kit.nn.convert(model, "nvfp4")                    # nn.Linear -> fp4kit.nn.Linear
+``torch.ops.fp4kit.{quantize,prepack,gemm}`` are registered by ``import fp4kit.ops`` (compile/graph safe).
+Checkpoints: FP4Weight constructors and ``load_modelopt_checkpoint``, ``load_compressed_tensors_checkpoint``,
+``load_gpt_oss_experts`` (need ``safetensors``).
 Errors: a bad argument raises ValueError (shape, layout, value) or TypeError (dtype) naming the argument
 and the rule; a valid request this build cannot serve raises NotImplementedError; CUDA errors raise
 RuntimeError.
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 import numpy as np
@@ -23,8 +30,10 @@ import numpy as np
 from . import _C
 
 __version__: str = _C.__version__
-__all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack", "unpack",
-           "cuda_device_count", "group_size"]
+__all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack", "unpack", "gemm",
+           "cuda_device_count", "group_size", "FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up",
+           "interleave_gate_up", "swap_nibbles", "load_modelopt_checkpoint", "load_compressed_tensors_checkpoint",
+           "load_gpt_oss_experts", "GptOssExperts"]
 
 _GROUP = {"nvfp4": 16, "mxfp4": 32}
 
@@ -37,13 +46,22 @@ def group_size(format: str) -> int:
         raise ValueError(f'format: must be "nvfp4" or "mxfp4" (got {format!r})') from None
 
 
-def quantize(w: np.ndarray, format: str = "nvfp4",
-             tensor_scale: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray, float]:
-    """Quantize W [N, K] (float32 or float16, C-contiguous; K % group_size == 0) on the CPU.
+def _is_torch(a) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
 
-    Returns (packed uint8 [N, K/2], scales uint8 [N, K/group], tensor_scale). NVFP4 uses the ModelOpt recipe
-    (tensor_scale = amax / (6 * 448) unless given); MXFP4 uses the OCP recipe and returns tensor_scale 1.0.
+
+def quantize(w, format: str = "nvfp4", tensor_scale: Optional[float] = None):
+    """Quantize W [N, K] (K % group_size == 0) to the checkpoint layout.
+
+    numpy (float32/float16, C-contiguous): on the CPU, returns (packed uint8 [N, K/2], scales uint8
+    [N, K/group], tensor_scale float). torch (float32/bfloat16/float16, CPU or CUDA): on W's device,
+    returns tensors (tensor_scale float32 [1]); CPU and GPU results are bit-identical. NVFP4 uses the
+    ModelOpt recipe (tensor_scale = amax / (6 * 448) unless given); MXFP4 the OCP recipe (tensor_scale 1).
     """
+    if _is_torch(w):
+        from . import torch_ops
+        return torch_ops.quantize(w, format, tensor_scale)
     return _C.quantize_cpu(w, format, tensor_scale)
 
 
@@ -81,3 +99,30 @@ def unpack(buffer: np.ndarray, n: int, k: int, format: str = "nvfp4") -> Tuple[n
 def cuda_device_count() -> int:
     """Number of visible CUDA devices; 0 (never an exception) without a driver or a GPU."""
     return _C.cuda_device_count()
+
+
+def gemm(x, w, bias=None, out=None):
+    """Y[..., N] = X[..., K] @ W^T (+ bias) with torch tensors; W an FP4Weight prepacked on X's device.
+
+    X, bias and out share one dtype, bfloat16 or float16. CUDA tensors run fp4kit's kernels on the current
+    stream; CPU tensors the spec-level reference. Through torch.ops.fp4kit.gemm (compile and graph safe)
+    unless `out` is given."""
+    from .weights import FP4Weight as _W
+    if not isinstance(w, _W):
+        raise TypeError(f"w: must be an FP4Weight (got {type(w).__name__})")
+    if w.prepacked is None:
+        raise ValueError("w: prepack it once first (w.prepack(), or w.to(device).prepack())")
+    import torch
+
+    from . import ops as _ops  # noqa: F401  (registers torch.ops.fp4kit)
+    from . import torch_ops
+    n, k = w.shape
+    if out is None:
+        return torch.ops.fp4kit.gemm(x, w.prepacked, w.format, n, k, bias)
+    return torch_ops.gemm(x, w.prepacked, w.format, n, k, bias=bias, out=out)
+
+
+from .weights import (FP4Weight, check_nibble_order, deinterleave_gate_up, fuse, interleave_gate_up,  # noqa: E402
+                      swap_nibbles)
+from .loaders import (GptOssExperts, load_compressed_tensors_checkpoint, load_gpt_oss_experts,  # noqa: E402
+                      load_modelopt_checkpoint)

@@ -53,6 +53,11 @@ class Linear(torch.nn.Module):
         return mod
 
     @classmethod
+    def from_fp4weight(cls, w, bias: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.bfloat16) -> "Linear":
+        """From an fp4kit.FP4Weight (torch tensors; its per-row tensor scales keep fused projections exact)."""
+        return cls.from_quantized(w.packed, w.scales, w.tensor_scale, w.format, bias, dtype)
+
+    @classmethod
     def from_linear(cls, linear: torch.nn.Linear, format: str = "nvfp4",
                     dtype: Optional[torch.dtype] = None) -> "Linear":
         """Quantize a torch.nn.Linear (on its device) with the format's recipe (ModelOpt for NVFP4, OCP for
