@@ -81,3 +81,20 @@ def test_converted_llama_matches_dequantized_model(fmt):
         a = model(ids).logits.float()
         b = ref(ids).logits.float()
     assert _rel(a, b) < 2e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_friendly_gemm_on_fp4weight(device):
+    w = fp4kit.FP4Weight.from_float(torch.randn(80, 256), "nvfp4").to(device).prepack()
+    x = torch.randn(2, 3, 256, device=device, dtype=torch.float16)
+    bias = torch.randn(80, device=device, dtype=torch.float16)
+    ref = x.float() @ w.dequantize().to(device).t() + bias.float()
+    y = fp4kit.gemm(x, w, bias)
+    assert y.shape == (2, 3, 80) and _rel(y, ref) < 2e-3
+    out = torch.empty_like(y)
+    if device == "cuda":
+        assert fp4kit.gemm(x, w, bias, out=out) is out and torch.equal(out, y)
+    with pytest.raises(ValueError, match="prepack it once first"):
+        fp4kit.gemm(x, fp4kit.FP4Weight.from_float(torch.randn(16, 64), "nvfp4"))
+    with pytest.raises(TypeError, match="w: must be an FP4Weight"):
+        fp4kit.gemm(x, torch.zeros(3))
