@@ -11,6 +11,7 @@
 
 #include "configs.h"
 #include "fp4kit/gemm.h"
+#include "fp4kit/tuning.h"
 #include "gemm_internal.h"
 #include "kernels/decode_gemm.cuh"
 #include "repack_common.h"
@@ -47,6 +48,7 @@ KernelFn select_kernel(Format f, DType act, int id) {
 // Device facts and kernel occupancy, cached per (device, kernel): queried once, read on every call.
 struct DeviceFacts {
   int sms = 0;
+  std::string name;  // for tuning-table lookups
 };
 std::mutex g_mu;
 std::vector<DeviceFacts> g_devices;
@@ -61,8 +63,11 @@ Status device_facts(int* dev, DeviceFacts* out) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (int(g_devices.size()) <= *dev) g_devices.resize(*dev + 1);
   if (g_devices[*dev].sms == 0) {
-    e = cudaDeviceGetAttribute(&g_devices[*dev].sms, cudaDevAttrMultiProcessorCount, *dev);
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, *dev);
     if (e != cudaSuccess) return Status(Code::kCudaError, std::string("device: ") + cudaGetErrorString(e));
+    g_devices[*dev].sms = prop.multiProcessorCount;
+    g_devices[*dev].name = prop.name;
   }
   *out = g_devices[*dev];
   return Status::Ok();
@@ -105,14 +110,14 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (m < 1) return Status::Invalid("m: must be >= 1 (got " + str(m) + ")");
   if (act != DType::kBF16 && act != DType::kF16)
     return Status::Invalid(std::string("act: must be bfloat16 or float16 (got ") + dtype_name(act) + ")");
-  const int id = config >= 0 ? config : pick_config(m, w.n, w.k);
+  int dev = 0;
+  DeviceFacts facts;
+  FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
+  const int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
-  int dev = 0;
-  DeviceFacts facts;
-  FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
   KernelFn fn = select_kernel(w.format, act, id);
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;

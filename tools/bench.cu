@@ -2,7 +2,8 @@
 //
 // Contract
 //   fp4kit-bench [--suite llama70b|llama8b|tp8|gptoss|all] [--m 1,2,4,...] [--formats nvfp4,mxfp4]
-//                [--act bf16|fp16] [--config ID] [--json PATH] [--commit SHA] [--replays N]
+//                [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA] [--replays N]
+//                [--tune PATH]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
 //   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
 //   L2, so every call streams cold weights), median over >= 100 replays, per-call time = replay / calls.
@@ -28,6 +29,7 @@
 #include "fp4kit/formats.h"
 #include "fp4kit/gemm.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/tuning.h"
 
 using namespace fp4kit;
 
@@ -240,12 +242,14 @@ std::string json_escape(const std::string& s) {
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", "1,2,4,8,16,32,64"},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
-                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"}};
+                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
+                                            {"tune", ""}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench [--suite llama70b|llama8b|tp8|gptoss|all] [--m LIST] [--formats LIST]\n"
-                  "                    [--act bf16|fp16] [--config ID] [--json PATH] [--commit SHA] [--replays N]\n");
+                  "                    [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA] [--replays N]\n"
+                  "                    [--tune PATH]   (time every config, write the fastest as a tuning table)\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -263,7 +267,9 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const bool bf16 = opt["act"] != "fp16";
   const DType act = bf16 ? DType::kBF16 : DType::kF16;
-  const bool sweep = opt["config"] == "all";  // time every applicable config (tuning view)
+  // --config all times every applicable config; --tune PATH does the same and writes the fastest per
+  // (format, act, n, k, m) as a tuning table the dispatcher loads (fp4kit/tuning.h).
+  const bool sweep = opt["config"] == "all" || !opt["tune"].empty();
   const int config = sweep ? -1 : std::atoi(opt["config"].c_str());
   const int replays = std::max(100, std::atoi(opt["replays"].c_str()));
   std::vector<int64_t> ms;
@@ -280,7 +286,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Lt lt;
   const int64_t m_max = *std::max_element(ms.begin(), ms.end());
-  std::ostringstream rows;
+  std::ostringstream rows, tuning;
   int nrows = 0;
   std::printf("%-18s %-8s %-6s %4s %7s %9s %9s %9s %8s %8s %7s\n", "model", "layer", "format", "m", "us",
               "eager_us", "cublas_us", "speedup", "TB/s", "roof", "check");
@@ -387,7 +393,9 @@ int main(int argc, char** argv) {
       int ncfg = 0;
       const KernelConfig* table = kernel_configs(&ncfg);
       std::vector<int> cfgs;
-      const int picked = config >= 0 ? config : pick_config(m, n, k);
+      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name);
+      int best_cfg = picked;
+      double best_us = 1e30;
       cfgs.push_back(picked);
       if (sweep)
         for (int ci = 0; ci < ncfg; ++ci) {
@@ -407,6 +415,7 @@ int main(int argc, char** argv) {
           CKS(gemm(ga, s));
         };
         const double us = graph_time_us(s, std::max(copies, 8), replays, call);
+        if (us < best_us) { best_us = us; best_cfg = cfg; }
         const double eager = eager_time_us(s, copies, replays, call);
         CK(cudaFree(ws));
         const double tbps = double(ckpt_bytes) / (us * 1e-6) / 1e12;
@@ -423,6 +432,8 @@ int main(int argc, char** argv) {
              << ", \"speedup\": " << speedup << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
              << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check << "}";
       }
+      tuning << fname << " " << (bf16 ? "bf16" : "fp16") << " " << n << " " << k << " " << std::min<int64_t>(m, 64)
+             << " " << find_config(best_cfg)->name << "\n";
       }
       for (void* p : wp) CK(cudaFree(p));
       CK(cudaFree(packed));
@@ -434,6 +445,17 @@ int main(int argc, char** argv) {
     CK(cudaFree(y));
   }
 
+  if (!opt["tune"].empty()) {
+    FILE* ft = std::fopen(opt["tune"].c_str(), "w");
+    if (!ft) {
+      std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["tune"].c_str());
+      return 2;
+    }
+    std::fprintf(ft, "fp4kit-tuning 1\n# written by fp4kit-bench --tune (commit %s)\ndevice %s\n%s",
+                 opt["commit"].c_str(), prop.name, tuning.str().c_str());
+    std::fclose(ft);
+    std::printf("wrote tuning table %s (load it with FP4KIT_TUNING_TABLE=%s)\n", opt["tune"].c_str(), opt["tune"].c_str());
+  }
   if (!opt["json"].empty()) {
     char date[64];
     const std::time_t now = std::time(nullptr);

@@ -33,7 +33,7 @@ __version__: str = _C.__version__
 __all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack", "unpack", "gemm",
            "cuda_device_count", "group_size", "FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up",
            "interleave_gate_up", "swap_nibbles", "load_modelopt_checkpoint", "load_compressed_tensors_checkpoint",
-           "load_gpt_oss_experts", "GptOssExperts"]
+           "load_gpt_oss_experts", "GptOssExperts", "load_tuning_table", "clear_tuning_table", "dispatch_config"]
 
 _GROUP = {"nvfp4": 16, "mxfp4": 32}
 
@@ -94,6 +94,24 @@ def prepack(packed: np.ndarray, scales: np.ndarray, tensor_scale: Optional[float
 def unpack(buffer: np.ndarray, n: int, k: int, format: str = "nvfp4") -> Tuple[np.ndarray, np.ndarray]:
     """Kernel layout -> checkpoint layout (packed, scales); the inverse of prepack."""
     return _C.unpack_cpu(format, n, k, buffer)
+
+
+def load_tuning_table(path: str) -> None:
+    """Load a per-GPU tuning table (written by ``fp4kit-bench --tune``): the dispatcher then uses its
+    entries for matching (device, format, dtype, N, K, m) and the analytic default elsewhere. A malformed
+    table raises ValueError naming the line and the rule, and the previous table stays loaded."""
+    _C.load_tuning_table(path)
+
+
+def clear_tuning_table() -> None:
+    """Forget the loaded tuning table: dispatch falls back to the analytic default."""
+    _C.clear_tuning_table()
+
+
+def dispatch_config(format: str, act: str, m: int, n: int, k: int, device_name: str) -> str:
+    """The kernel config the GEMM dispatcher picks for this problem on a device of that name, with the
+    reason (tuning-table entry or analytic rule), e.g. for ``torch.cuda.get_device_name()``."""
+    return _C.dispatch_config(format, act, m, n, k, device_name)
 
 
 def cuda_device_count() -> int:

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fp4kit/gemm.h"
+#include "fp4kit/tuning.h"
 #include "fp4kit/quant.h"
 #include "fp4kit/repack.h"
 
@@ -377,6 +378,19 @@ int cuda_device_count() {
   return count;
 }
 
+// Tuning tables (fp4kit/tuning.h): load or clear, and the config the dispatcher would pick.
+void load_tuning_table(const std::string& path) { check(fp4kit::load_tuning_table(path)); }
+std::string dispatch_config_name(const std::string& format, const std::string& act, int64_t m, int64_t n,
+                                 int64_t k, const std::string& device_name) {
+  const fp4kit::Format f = parse_format(format);
+  if (act != "bfloat16" && act != "float16")
+    throw nb::value_error(("act: must be \"bfloat16\" or \"float16\" (got \"" + act + "\")").c_str());
+  const fp4kit::DType d = act == "bfloat16" ? fp4kit::DType::kBF16 : fp4kit::DType::kF16;
+  std::string why;
+  const int id = fp4kit::dispatch_config(f, d, m, n, k, device_name, &why);
+  return std::string(fp4kit::kernel_config_name(id)) + ": " + why;
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -408,5 +422,9 @@ NB_MODULE(_C, m) {
   m.def("quantize_gpu", &quantize_gpu, "format"_a, "w_ptr"_a, "w_dtype"_a, "n"_a, "k"_a, "packed_ptr"_a,
         "scales_ptr"_a, "tensor_scale_ptr"_a, "workspace_ptr"_a, "stream"_a, "given_tensor_scale_ptr"_a = 0,
         "Quantize on the device (raw pointers; asynchronous on `stream`).");
+  m.def("load_tuning_table", &load_tuning_table, "path"_a, "Load a per-GPU tuning table (fp4kit/tuning.h).");
+  m.def("clear_tuning_table", &fp4kit::clear_tuning_table, "Forget the loaded tuning table.");
+  m.def("dispatch_config", &dispatch_config_name, "format"_a, "act"_a, "m"_a, "n"_a, "k"_a, "device_name"_a,
+        "The kernel config the dispatcher picks on a device of that name, and why.");
   m.def("cuda_device_count", &cuda_device_count, "Number of CUDA devices; 0 without a driver or device.");
 }
