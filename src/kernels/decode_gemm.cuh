@@ -16,6 +16,8 @@
 //   - E2M1 -> BF16 is a mask (plus shift) per pair of values, because prepack placed the code bits where
 //     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
 //     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
+//     (FP16: bits 9..11 give e2m1 * 2^-14, times s * 2^5.) Every step is exact: the MMA sees the
+//     spec's weights up to a power of two, whatever the scales (subnormal, negative, tiny or huge).
 //   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
 //     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice).
 //   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
@@ -23,8 +25,9 @@
 //     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
 //   - A small register ring (D stages of CH records) per warp plus 16-24 resident warps per SM keep
 //     > 50 KB per SM in flight (what Little's law asks of HBM3e at ~1 us latency) while the ring is
-//     drained. Measured (docs/decode-gemm-notes.md): a whole-slice double buffer at 8 warps/SM reached 39% of the copy
-//     roofline; load-then-compute at 24 warps/SM 63-73%; X staged in shared memory 78%.
+//     drained. Measured (docs/decode-gemm-notes.md), Llama-70B gate_up at m = 1: a whole-slice double
+//     buffer at 8 warps/SM reached 39% of the copy roofline, load-then-compute at 24 warps/SM 63-73%,
+//     X staged in shared memory 78%.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
