@@ -17,7 +17,8 @@
 //     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
 //     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
 //     (FP16: bits 9..11 give e2m1 * 2^-14, times s * 2^5.) Every step is exact: the MMA sees the
-//     spec's weights up to a power of two, whatever the scales (subnormal, negative, tiny or huge).
+//     spec's weights up to a power of two for any scale (subnormal, negative; FP16 with MXFP4 rounds
+//     blocks more than ~2^22 below their row's largest, see README).
 //   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
 //     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice).
 //   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
