@@ -65,10 +65,21 @@ def quantize(w, format: str = "nvfp4", tensor_scale: Optional[float] = None):
     return _C.quantize_cpu(w, format, tensor_scale)
 
 
-def dequantize(packed: np.ndarray, scales: np.ndarray, tensor_scale: float = 1.0,
-               format: str = "nvfp4") -> np.ndarray:
-    """Checkpoint layout -> float32 [N, K] (NVFP4: e2m1 * e4m3 * tensor_scale; MXFP4: e2m1 * 2^(e-127))."""
-    return _C.dequantize_cpu(packed, scales, float(tensor_scale), format)
+def dequantize(packed, scales, tensor_scale=1.0, format: str = "nvfp4"):
+    """Checkpoint layout -> float32 [N, K] (NVFP4: e2m1 * e4m3 * tensor_scale; MXFP4: e2m1 * 2^(e-127)).
+
+    numpy arrays give a numpy array; torch tensors (any device; float8 scale dtypes read as raw bytes)
+    give a float32 tensor on the same device, computed on the host. tensor_scale: a number or a
+    one-element array/tensor."""
+    if _is_torch(packed):
+        import torch
+        dev = packed.device
+        ts = float(tensor_scale.reshape(-1)[0]) if _is_torch(tensor_scale) else float(tensor_scale)
+        sc = scales.view(torch.uint8) if scales.dtype != torch.uint8 and scales.element_size() == 1 else scales
+        out = _C.dequantize_cpu(packed.detach().cpu().contiguous().numpy(), sc.detach().cpu().contiguous().numpy(),
+                                ts, format)
+        return torch.from_numpy(out).to(dev)
+    return _C.dequantize_cpu(packed, scales, float(np.asarray(tensor_scale).reshape(-1)[0]), format)
 
 
 def reference_gemm(x: np.ndarray, w: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
@@ -82,12 +93,17 @@ def packed_layout(format: str, n: int, k: int) -> dict:
     return _C.packed_layout(format, n, k)
 
 
-def prepack(packed: np.ndarray, scales: np.ndarray, tensor_scale: Optional[float] = None,
-            format: str = "nvfp4", row_tensor_scale: Optional[np.ndarray] = None) -> np.ndarray:
-    """Checkpoint layout -> kernel layout on the CPU (uint8 [total_bytes]); copy it to the GPU to run GEMMs.
+def prepack(packed, scales, tensor_scale=None, format: str = "nvfp4", row_tensor_scale=None):
+    """Checkpoint layout -> kernel layout (uint8 [total_bytes]), once per weight.
 
-    NVFP4 may take one tensor scale or one float32 per row (fused projections); neither means 1.0.
-    """
+    numpy: on the CPU (copy the result to the GPU to run GEMMs). torch tensors: on their device (the GPU
+    prepack for CUDA tensors). NVFP4 may take one tensor scale or one float32 per row (fused projections,
+    `row_tensor_scale`); neither means 1.0."""
+    if _is_torch(packed):
+        from . import torch_ops
+        n, k = int(packed.shape[0]), 2 * int(packed.shape[1])
+        ts = row_tensor_scale if row_tensor_scale is not None else tensor_scale
+        return torch_ops.prepack(packed, scales, ts, format, n, k)
     return _C.prepack_cpu(format, packed, scales, tensor_scale, row_tensor_scale)
 
 

@@ -98,3 +98,16 @@ def test_friendly_gemm_on_fp4weight(device):
         fp4kit.gemm(x, fp4kit.FP4Weight.from_float(torch.randn(16, 64), "nvfp4"))
     with pytest.raises(TypeError, match="w: must be an FP4Weight"):
         fp4kit.gemm(x, torch.zeros(3))
+
+
+def test_friendly_functions_take_torch_tensors():
+    w = torch.randn(48, 128)
+    packed, scales, ts = fp4kit.quantize(w, "nvfp4")
+    assert isinstance(packed, torch.Tensor) and packed.dtype == torch.uint8
+    deq = fp4kit.dequantize(packed, scales, ts, "nvfp4")
+    assert isinstance(deq, torch.Tensor) and deq.shape == (48, 128)
+    np_p, np_s, np_t = fp4kit.quantize(w.numpy(), "nvfp4")
+    assert torch.equal(packed, torch.from_numpy(np_p))
+    assert torch.equal(deq, torch.from_numpy(fp4kit.dequantize(np_p, np_s, np_t, "nvfp4")))
+    buf = fp4kit.prepack(packed, scales, ts, "nvfp4")
+    assert torch.equal(buf, torch.from_numpy(fp4kit.prepack(np_p, np_s, np_t, "nvfp4")))
