@@ -16,7 +16,7 @@ import time
 
 import torch
 
-import fp4kit.ops  # noqa: F401
+import fp4kit.ops  # noqa: F401  (registers torch.ops.fp4kit)
 from fp4kit import torch_ops
 
 SHAPES = [("llama-3.3-70b", "o", 8192, 8192), ("llama-3.1-8b", "o", 4096, 4096), ("llama-3.1-8b", "qkv", 6144, 4096)]
@@ -83,7 +83,6 @@ def main():
             rows.append({"model": model, "layer": layer, "format": fmt, "m": 1, "n": n, "k": k, "graph_us": g,
                          "op_eager_us": e_op, "op_overhead_us": e_op - g, "fn_eager_us": e_fn, "fn_overhead_us": e_fn - g})
             print(f"{model:16s} {layer:6s} {fmt:6s} {g:9.1f} {e_op:8.1f} {e_op - g:7.1f} {e_fn:8.1f} {e_fn - g:7.1f}")
-            del bufs
     if a.json:
         out = {"tool": "bench_overhead.py", "device": torch.cuda.get_device_name(), "commit": a.commit,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
