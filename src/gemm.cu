@@ -47,7 +47,7 @@ KernelFn select_kernel(Format f, DType act, int id) {
 
 // Device facts and kernel occupancy, cached per (device, kernel): queried once, read on every call.
 struct DeviceFacts {
-  int sms = 0;
+  int sms = 0, major = 0, minor = 0;
   std::string name;  // for tuning-table lookups
 };
 std::mutex g_mu;
@@ -58,7 +58,7 @@ Status device_facts(int* dev, DeviceFacts* out) {
   cudaError_t e = cudaGetDevice(dev);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return Status(Code::kCudaError, std::string("device: ") + cudaGetErrorString(e));
+    return Status(Code::kCudaError, std::string("device: no usable CUDA device (") + cudaGetErrorString(e) + ")");
   }
   std::lock_guard<std::mutex> lock(g_mu);
   if (int(g_devices.size()) <= *dev) g_devices.resize(*dev + 1);
@@ -67,6 +67,8 @@ Status device_facts(int* dev, DeviceFacts* out) {
     e = cudaGetDeviceProperties(&prop, *dev);
     if (e != cudaSuccess) return Status(Code::kCudaError, std::string("device: ") + cudaGetErrorString(e));
     g_devices[*dev].sms = prop.multiProcessorCount;
+    g_devices[*dev].major = prop.major;
+    g_devices[*dev].minor = prop.minor;
     g_devices[*dev].name = prop.name;
   }
   *out = g_devices[*dev];
@@ -113,6 +115,9 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   int dev = 0;
   DeviceFacts facts;
   FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
+  if (facts.major < 8)
+    return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(facts.major) +
+                               "." + std::to_string(facts.minor) + ")");
   const int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
@@ -125,6 +130,9 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
 
   DecodePlan p;
   p.cfg = cfg;
+  p.kernel = reinterpret_cast<const void*>(fn);
+  p.smem_bytes = x_smem_bytes(cfg->n_tiles);
+  p.layout = l;
   p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
   p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
@@ -160,12 +168,10 @@ Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t*
 }
 
 Status gemm(const GemmArgs& a, cudaStream_t stream) {
-  FP4KIT_RETURN_IF_ERROR(gemm_validate(a));
   detail::DecodePlan plan;
-  FP4KIT_RETURN_IF_ERROR(detail::make_plan(a.m, a.w, a.act, a.config, &plan));
-  PackedLayout l;
-  FP4KIT_RETURN_IF_ERROR(packed_layout(a.w.format, a.w.n, a.w.k, &l));
-  KernelFn fn = select_kernel(a.w.format, a.act, plan.cfg->id);
+  FP4KIT_RETURN_IF_ERROR(detail::validate(a, &plan));
+  const PackedLayout& l = plan.layout;
+  const KernelFn fn = reinterpret_cast<KernelFn>(const_cast<void*>(plan.kernel));
 
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
   kernels::DecodeParams p{};
@@ -190,7 +196,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    fn<<<plan.grid, plan.cfg->warps * 32, x_smem_bytes(plan.cfg->n_tiles), stream>>>(p);
+    fn<<<plan.grid, plan.cfg->warps * 32, plan.smem_bytes, stream>>>(p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

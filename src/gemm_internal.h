@@ -11,6 +11,9 @@ namespace detail {
 
 struct DecodePlan {
   const KernelConfig* cfg = nullptr;
+  const void* kernel = nullptr;  // the instantiated kernel for (format, act, cfg)
+  int smem_bytes = 0;            // its dynamic shared memory
+  PackedLayout layout;           // of the weight
   int64_t m_block = 0;      // tokens per launch (8 * n_tiles)
   int row_groups = 0;
   int64_t units = 0;        // row_groups * k_macros
@@ -18,7 +21,12 @@ struct DecodePlan {
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
 };
 
+// Everything a launch needs, from the shape, the config table and the (cached) device facts. Fails with
+// the rule on bad shapes or configs, and with "device: ..." on a device fp4kit cannot run on.
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);
+
+// gemm_validate's checks; on success `plan` holds the launch plan (gemm() validates and plans once).
+Status validate(const GemmArgs& a, DecodePlan* plan);
 
 }  // namespace detail
 }  // namespace fp4kit

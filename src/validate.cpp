@@ -1,6 +1,5 @@
 // validate.cpp: every GEMM argument rule, checked before anything is launched. Each message names the
 // argument and the rule.
-#include <cuda_runtime.h>
 
 #include <string>
 
@@ -13,29 +12,16 @@ namespace fp4kit {
 
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Compute capability of the current device, cached per device (a runtime query would be a sync-free
-// attribute read, but caching keeps the per-call cost at a load).
-Status device_cc(int* major, int* minor) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(Code::kCudaError, std::string("device: no usable CUDA device (") + cudaGetErrorString(e) + ")");
-  }
-  return Status::Ok();
-}
 }  // namespace
 
-Status gemm_validate(const GemmArgs& a) {
-  using detail::str;
+namespace detail {
+
+Status validate(const GemmArgs& a, DecodePlan* plan_out) {
   if (a.m < 1) return Status::Invalid("m: must be >= 1 (got " + str(a.m) + ")");
   if (a.m > INT32_MAX) return Status::Invalid("m: must be < 2^31 (got " + str(a.m) + ")");
   if (a.act != DType::kBF16 && a.act != DType::kF16)
     return Status::Invalid(std::string("act: must be bfloat16 or float16 (got ") + dtype_name(a.act) + ")");
-  FP4KIT_RETURN_IF_ERROR(detail::check_shape(a.w.format, a.w.n, a.w.k));
+  FP4KIT_RETURN_IF_ERROR(check_shape(a.w.format, a.w.n, a.w.k));
   if (!a.x) return Status::Invalid("x: must not be null");
   if (!aligned16(a.x)) return Status::Invalid("x: must be 16-byte aligned");
   if (!a.y) return Status::Invalid("y: must not be null");
@@ -52,13 +38,8 @@ Status gemm_validate(const GemmArgs& a) {
   if (xb < yb + ybytes && yb < xb + xbytes) return Status::Invalid("y: must not overlap x");
   if (a.config >= 0 && !find_config(a.config))
     return Status::Invalid("config: " + std::to_string(a.config) + " is not in the kernel config table");
-  int major = 0, minor = 0;
-  FP4KIT_RETURN_IF_ERROR(device_cc(&major, &minor));
-  if (major < 8)
-    return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(major) +
-                               "." + std::to_string(minor) + ")");
-  detail::DecodePlan plan;
-  FP4KIT_RETURN_IF_ERROR(detail::make_plan(a.m, a.w, a.act, a.config, &plan));
+  DecodePlan& plan = *plan_out;
+  FP4KIT_RETURN_IF_ERROR(make_plan(a.m, a.w, a.act, a.config, &plan));  // device rules live there
   if (plan.workspace_bytes > 0) {
     if (!a.workspace)
       return Status::Invalid("workspace: must not be null (this problem needs " + std::to_string(plan.workspace_bytes) +
@@ -69,6 +50,13 @@ Status gemm_validate(const GemmArgs& a) {
                              std::to_string(a.workspace_bytes) + ")");
   }
   return Status::Ok();
+}
+
+}  // namespace detail
+
+Status gemm_validate(const GemmArgs& a) {
+  detail::DecodePlan plan;
+  return detail::validate(a, &plan);
 }
 
 }  // namespace fp4kit
