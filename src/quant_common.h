@@ -11,24 +11,19 @@
 
 #include "fp4kit/formats.h"
 #include "fp4kit/quant.h"
+#include "repack_common.h"
 
 namespace fp4kit {
 namespace quant_detail {
 
 // ---- validation (host only) ---------------------------------------------------------------------
-inline bool valid_format(Format f) { return f == Format::kNVFP4 || f == Format::kMXFP4; }
 inline bool valid_dtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// Shape rules shared by the quantizers and the dequantizer.
+// Shape rules of the quantizers and the dequantizer: the shared format/group rules, and no 32-bit limit
+// (they index with 64-bit integers) beyond n * k < 2^62.
 inline Status check_shape(Format f, int64_t n, int64_t k) {
-  if (!valid_format(f)) return Status::Invalid("format: must be nvfp4 or mxfp4 (got " + std::to_string(int(f)) + ")");
-  if (n < 1) return Status::Invalid("n: must be >= 1 (got " + std::to_string(n) + ")");
-  if (k < 1) return Status::Invalid("k: must be >= 1 (got " + std::to_string(k) + ")");
-  const int g = group_size(f);
-  if (k % g != 0)
-    return Status::Invalid("k: must be a multiple of the group size " + std::to_string(g) + " for " +
-                           format_name(f) + " (got " + std::to_string(k) + ")");
+  FP4KIT_RETURN_IF_ERROR(detail::check_group_shape(f, n, k));
   if (n > (int64_t(1) << 62) / k)
     return Status::Invalid("n * k: must be < 2^62 (got n=" + std::to_string(n) + ", k=" + std::to_string(k) + ")");
   return Status::Ok();

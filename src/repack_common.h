@@ -11,12 +11,13 @@ namespace detail {
 inline std::string str(int64_t v) { return std::to_string(v); }
 
 inline Status check_format(Format f) {
-  if (f != Format::kNVFP4 && f != Format::kMXFP4) return Status::Invalid("format: must be nvfp4 or mxfp4");
+  if (f != Format::kNVFP4 && f != Format::kMXFP4)
+    return Status::Invalid("format: must be nvfp4 or mxfp4 (got " + std::to_string(int(f)) + ")");
   return Status::Ok();
 }
 
-// The shape rules every entry point shares.
-inline Status check_shape(Format f, int64_t n, int64_t k) {
+// The format and group rules every entry point shares (quantizers, prepack, GEMM).
+inline Status check_group_shape(Format f, int64_t n, int64_t k) {
   FP4KIT_RETURN_IF_ERROR(check_format(f));
   if (n < 1) return Status::Invalid("n: must be >= 1 (got " + str(n) + ")");
   if (k < 1) return Status::Invalid("k: must be >= 1 (got " + str(k) + ")");
@@ -24,6 +25,12 @@ inline Status check_shape(Format f, int64_t n, int64_t k) {
   if (k % g != 0)
     return Status::Invalid("k: must be a multiple of the group size " + std::to_string(g) + " for " +
                            format_name(f) + " (got " + str(k) + ")");
+  return Status::Ok();
+}
+
+// The kernel layout and the GEMM index rows and K with 32-bit integers on top of that.
+inline Status check_shape(Format f, int64_t n, int64_t k) {
+  FP4KIT_RETURN_IF_ERROR(check_group_shape(f, n, k));
   if (n > INT32_MAX - 64) return Status::Invalid("n: must be < 2^31 - 64 (got " + str(n) + ")");
   if (k > INT32_MAX - 512) return Status::Invalid("k: must be < 2^31 - 512 (got " + str(k) + ")");
   return Status::Ok();
