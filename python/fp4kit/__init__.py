@@ -47,6 +47,7 @@ def group_size(format: str) -> int:
 
 
 def _is_torch(a) -> bool:
+    """True for a torch.Tensor, without importing torch for numpy input."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(a, torch.Tensor)
 
@@ -73,12 +74,11 @@ def dequantize(packed, scales, tensor_scale=1.0, format: str = "nvfp4"):
     one-element array/tensor."""
     if _is_torch(packed):
         import torch
-        dev = packed.device
+
+        from .torch_ops import _u8
         ts = float(tensor_scale.reshape(-1)[0]) if _is_torch(tensor_scale) else float(tensor_scale)
-        sc = scales.view(torch.uint8) if scales.dtype != torch.uint8 and scales.element_size() == 1 else scales
-        out = _C.dequantize_cpu(packed.detach().cpu().contiguous().numpy(), sc.detach().cpu().contiguous().numpy(),
-                                ts, format)
-        return torch.from_numpy(out).to(dev)
+        host = [t.detach().cpu().contiguous().numpy() for t in (packed, _u8(scales))]
+        return torch.from_numpy(_C.dequantize_cpu(host[0], host[1], ts, format)).to(packed.device)
     return _C.dequantize_cpu(packed, scales, float(np.asarray(tensor_scale).reshape(-1)[0]), format)
 
 

@@ -13,12 +13,12 @@ Bad input raises ValueError (shape, value) or TypeError (dtype, type), naming th
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 import fp4kit
+from . import _is_torch  # noqa: E402  (defined before fp4kit imports this module)
 
 __all__ = ["FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up", "interleave_gate_up",
            "swap_nibbles"]
@@ -31,11 +31,6 @@ _SCALE_DTYPES = {"nvfp4": ("uint8", "float8_e4m3fn"), "mxfp4": ("uint8", "float8
 
 
 # ---- array helpers (numpy or torch, without importing torch for numpy input) ----------------------------
-def _is_torch(a: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(a, torch.Tensor)
-
-
 def _check_array(a: Any, name: str) -> None:
     if not (isinstance(a, np.ndarray) or _is_torch(a)):
         raise TypeError(f"{name}: must be a numpy array or a torch tensor (got {type(a).__name__})")

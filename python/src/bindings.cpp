@@ -54,6 +54,19 @@ void check(const Status& s) {
     default: throw std::runtime_error(s.message());
   }
 }
+
+// Run a host computation without the GIL (large weights take a while; the arrays it reads stay alive
+// through the caller's locals), then raise its Status.
+template <typename F>
+void check_nogil(F&& f) {
+  Status s;
+  {
+    nb::gil_scoped_release nogil;
+    s = f();
+  }
+  check(s);
+}
+
 [[noreturn]] void value_error(const std::string& m) { throw nb::value_error(m.c_str()); }
 [[noreturn]] void type_error(const std::string& m) { throw nb::type_error(m.c_str()); }
 
@@ -179,12 +192,7 @@ std::tuple<NpOut<uint8_t>, NpOut<uint8_t>, float> quantize_cpu(const HostIn& w, 
   a.scales = data_of(scales);
   a.tensor_scale = &ts;
   a.given_tensor_scale = tensor_scale ? &given : nullptr;
-  Status s;
-  {
-    nb::gil_scoped_release nogil;  // large weights take a while; the arrays stay alive through `w`/locals
-    s = fp4kit::quantize_cpu(a);
-  }
-  check(s);
+  check_nogil([&] { return fp4kit::quantize_cpu(a); });
   if (f != Format::kNVFP4) ts = 1.0f;
   return {packed, scales, ts};
 }
@@ -202,12 +210,7 @@ NpOut<float> dequantize_cpu(const HostIn& packed, const HostIn& scales, float te
   a.n = n;
   a.k = k;
   a.out = data_of(out);
-  Status s;
-  {
-    nb::gil_scoped_release nogil;
-    s = fp4kit::dequantize_cpu(a);
-  }
-  check(s);
+  check_nogil([&] { return fp4kit::dequantize_cpu(a); });
   return out;
 }
 
@@ -229,13 +232,10 @@ NpOut<double> reference_gemm(const HostIn& x, const HostIn& w, std::optional<Hos
     b = static_cast<const float*>(bias->data());
   }
   auto y = new_array<double>({size_t(m), size_t(n)});
-  Status s;
-  {
-    nb::gil_scoped_release nogil;
-    s = fp4kit::reference_gemm(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()), b, m, n,
-                               k, data_of(y));
-  }
-  check(s);
+  check_nogil([&] {
+    return fp4kit::reference_gemm(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()), b, m, n,
+                                  k, data_of(y));
+  });
   return y;
 }
 
@@ -282,12 +282,7 @@ NpOut<uint8_t> prepack_cpu(const std::string& format, const HostIn& packed, cons
     a.row_tensor_scale = static_cast<const float*>(row_tensor_scale->data());
   }
   a.dst = data_of(out);
-  Status s;
-  {
-    nb::gil_scoped_release nogil;
-    s = fp4kit::prepack_cpu(a);
-  }
-  check(s);
+  check_nogil([&] { return fp4kit::prepack_cpu(a); });
   return out;
 }
 
