@@ -76,13 +76,11 @@ __global__ void fill_scales(uint8_t* p, size_t n, uint32_t seed, int nvfp4) {
     p[i] = nvfp4 ? uint8_t(0x30 + h % 0x18) : uint8_t(120 + h % 8);  // E4M3 0.5..~6, E8M0 2^-7..2^0
   }
 }
-__global__ void fill_act(__nv_bfloat16* p, size_t n, uint32_t seed) {
+// Activations and BF16/FP16 weights: small values in [-1, 1] (never zero), in the 16-bit dtype T.
+template <typename T>
+__global__ void fill_act(T* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = __float2bfloat16(float(int(hash32(i, seed) % 2001) - 1000) * 1e-3f + 1e-4f);
-}
-__global__ void fill_act16(__half* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = __float2half(float(int(hash32(i, seed) % 2001) - 1000) * 1e-3f + 1e-4f);
+    p[i] = T(float(int(hash32(i, seed) % 2001) - 1000) * 1e-3f + 1e-4f);
 }
 // Spec dequantization (formats.h) to BF16, for the cuBLAS check GEMM.
 __global__ void dequant_bf16(Format f, const uint8_t* packed, const uint8_t* scales, const float* ts, int64_t n,
@@ -100,6 +98,12 @@ template <typename K, typename... A>
 void launch_fill(K kernel, A... args) {
   kernel<<<1024, 256>>>(args...);
   CK(cudaGetLastError());
+}
+
+// Fill a 16-bit buffer of the benchmark's activation dtype.
+void fill16(void* p, size_t n, uint32_t seed, bool bf16) {
+  if (bf16) launch_fill(fill_act<__nv_bfloat16>, static_cast<__nv_bfloat16*>(p), n, seed);
+  else launch_fill(fill_act<__half>, static_cast<__half*>(p), n, seed);
 }
 
 double median(std::vector<float> v) {
@@ -298,8 +302,7 @@ int main(int argc, char** argv) {
     void* y;
     CK(cudaMalloc(&x, size_t(m_max * k) * 2));
     CK(cudaMalloc(&y, size_t(m_max * n) * 2));
-    if (bf16) launch_fill(fill_act, x, size_t(m_max * k), 7u);
-    else launch_fill(fill_act16, reinterpret_cast<__half*>(x), size_t(m_max * k), 7u);
+    fill16(x, size_t(m_max * k), 7u, bf16);
 
     // cuBLAS BF16/FP16 weights, rotating copies.
     const size_t wbytes16 = size_t(n * k) * 2;
@@ -307,8 +310,7 @@ int main(int argc, char** argv) {
     std::vector<void*> w16(static_cast<size_t>(copies16));
     for (int c = 0; c < copies16; ++c) {
       CK(cudaMalloc(&w16[size_t(c)], wbytes16));
-      if (bf16) launch_fill(fill_act, static_cast<__nv_bfloat16*>(w16[size_t(c)]), size_t(n * k), 100u + c);
-      else launch_fill(fill_act16, static_cast<__half*>(w16[size_t(c)]), size_t(n * k), 100u + c);
+      fill16(w16[size_t(c)], size_t(n * k), 100u + c, bf16);
     }
     std::map<int64_t, double> cublas_us;
     for (int64_t m : ms) {
