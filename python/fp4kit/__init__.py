@@ -141,8 +141,7 @@ def gemm(x, w, bias=None, out=None):
     X, bias and out share one dtype, bfloat16 or float16. CUDA tensors run fp4kit's kernels on the current
     stream; CPU tensors the spec-level reference. Through torch.ops.fp4kit.gemm (compile and graph safe)
     unless `out` is given."""
-    from .weights import FP4Weight as _W
-    if not isinstance(w, _W):
+    if not isinstance(w, FP4Weight):
         raise TypeError(f"w: must be an FP4Weight (got {type(w).__name__})")
     if w.prepacked is None:
         raise ValueError("w: prepack it once first (w.prepack(), or w.to(device).prepack())")

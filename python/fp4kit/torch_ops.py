@@ -198,8 +198,11 @@ def gemm(x: torch.Tensor, packed_buffer: torch.Tensor, format: str, n: int, k: i
     stream = _stream(dev)
     ws_bytes = _gemm_ws_bytes(dev.index, m, format, n, k, act)
     ws = _workspace(dev, stream, ws_bytes) if ws_bytes else None
-    with torch.cuda.device(dev):
-        _C.gemm(m, act, x.data_ptr(), format, n, k, packed_buffer.data_ptr(),
-                bias.data_ptr() if bias is not None else 0, out.data_ptr(),
-                ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
+    args = (m, act, x.data_ptr(), format, n, k, packed_buffer.data_ptr(), bias.data_ptr() if bias is not None else 0,
+            out.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
+    if dev.index == torch.cuda.current_device():  # the common case: no device switch on the hot path
+        _C.gemm(*args)
+    else:
+        with torch.cuda.device(dev):
+            _C.gemm(*args)
     return out
