@@ -1,10 +1,10 @@
 // tuning.cpp: the run-time tuning table (see fp4kit/tuning.h).
 #include "fp4kit/tuning.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <vector>
 
 #include "configs.h"
@@ -35,45 +35,70 @@ int config_by_name(const std::string& name) {
   return -1;
 }
 
+// Plain C string handling, no iostreams: the library is loaded into processes (Python interpreters) whose
+// C++ runtime state it does not control, and locale-dependent stream facets crashed there.
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t' && line[j] != '\r') ++j;
+    if (j > i) words.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return words;
+}
+
+bool parse_int(const std::string& s, int64_t* v) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *v = x;
+  return true;
+}
+
 Status parse(const std::string& text, const std::string& origin, Table* out) {
-  std::istringstream in(text);
-  std::string line;
   int lineno = 0;
   bool header = false;
   Table t;
   auto bad = [&](const std::string& rule) {
     return Status::Invalid("tuning table " + origin + ", line " + std::to_string(lineno) + ": " + rule);
   };
-  while (std::getline(in, line)) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
     ++lineno;
     const size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
-    std::istringstream ls(line);
-    std::string first;
-    if (!(ls >> first)) continue;  // blank or comment
+    const std::vector<std::string> w = split_words(line);
+    if (w.empty()) continue;  // blank or comment
+    const std::string& first = w[0];
     if (!header) {
-      int version = 0;
-      if (first != "fp4kit-tuning" || !(ls >> version) || version != 1)
-        return bad("must start with 'fp4kit-tuning 1'");
+      if (first != "fp4kit-tuning" || w.size() != 2 || w[1] != "1") return bad("must start with 'fp4kit-tuning 1'");
       header = true;
       continue;
     }
     if (first == "device") {
-      std::string rest;
-      std::getline(ls, rest);
-      const size_t b = rest.find_first_not_of(" \t");
-      if (b == std::string::npos) return bad("'device' needs a device name");
-      t.device = rest.substr(b, rest.find_last_not_of(" \t\r") - b + 1);
+      if (w.size() < 2) return bad("'device' needs a device name");
+      const size_t b = line.find_first_not_of(" \t", line.find("device") + 6);
+      t.device = line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
       continue;
     }
     Entry e{};
     if (first == "nvfp4") e.format = Format::kNVFP4;
     else if (first == "mxfp4") e.format = Format::kMXFP4;
     else return bad("format must be nvfp4 or mxfp4 (got '" + first + "')");
-    std::string act, name, extra;
-    if (!(ls >> act >> e.n >> e.k >> e.m_max >> name))
+    if (w.size() < 6 || !parse_int(w[2], &e.n) || !parse_int(w[3], &e.k) || !parse_int(w[4], &e.m_max))
       return bad("an entry is '<format> <act> <n> <k> <m_max> <config>'");
-    if (ls >> extra) return bad("unexpected text after the config name: '" + extra + "'");
+    if (w.size() > 6) return bad("unexpected text after the config name: '" + w[6] + "'");
+    const std::string& act = w[1];
+    const std::string& name = w[5];
     if (act == "bf16") e.act = DType::kBF16;
     else if (act == "fp16") e.act = DType::kF16;
     else return bad("act must be bf16 or fp16 (got '" + act + "')");
@@ -94,18 +119,29 @@ Status parse(const std::string& text, const std::string& origin, Table* out) {
   return Status::Ok();
 }
 
+// The whole file, or false if it cannot be opened or read.
+bool read_file(const char* path, std::string* text) {
+  std::FILE* f = std::fopen(path, "rb");
+  if (!f) return false;
+  text->clear();
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text->append(buf, got);
+  const bool ok = !std::ferror(f);
+  std::fclose(f);
+  return ok;
+}
+
 void load_env_once() {
   // Called with g_mu held.
   if (g_env_checked) return;
   g_env_checked = true;
   const char* path = std::getenv("FP4KIT_TUNING_TABLE");
   if (!path || !*path) return;
-  std::ifstream f(path);
-  if (!f) return;  // a missing table means the analytic default
-  std::stringstream ss;
-  ss << f.rdbuf();
+  std::string text;
+  if (!read_file(path, &text)) return;  // a missing table means the analytic default
   Table t;
-  if (parse(ss.str(), path, &t).ok()) g_table = t;
+  if (parse(text, path, &t).ok()) g_table = t;
 }
 
 }  // namespace
@@ -120,11 +156,9 @@ Status load_tuning_table_text(const std::string& text, const std::string& origin
 }
 
 Status load_tuning_table(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::Invalid("path: cannot open tuning table '" + path + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return load_tuning_table_text(ss.str(), "'" + path + "'");
+  std::string text;
+  if (!read_file(path.c_str(), &text)) return Status::Invalid("path: cannot open tuning table '" + path + "'");
+  return load_tuning_table_text(text, "'" + path + "'");
 }
 
 void clear_tuning_table() {
