@@ -247,13 +247,14 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", "1,2,4,8,16,32,64"},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
-                                            {"tune", ""}};
+                                            {"tune", ""}, {"layer", ""}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench [--suite llama70b|llama8b|tp8|gptoss|all] [--m LIST] [--formats LIST]\n"
                   "                    [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA] [--replays N]\n"
-                  "                    [--tune PATH]   (time every config, write the fastest as a tuning table)\n");
+                  "                    [--tune PATH]   (time every config, write the fastest as a tuning table)\n"
+                  "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -278,7 +279,17 @@ int main(int argc, char** argv) {
   const int replays = std::max(100, std::atoi(opt["replays"].c_str()));
   std::vector<int64_t> ms;
   for (auto& s : split(opt["m"])) ms.push_back(std::atoll(s.c_str()));
-  const auto shapes = suite(opt["suite"]);
+  auto shapes = suite(opt["suite"]);
+  if (!shapes.empty() && !opt["layer"].empty()) {
+    std::vector<Shape> keep;
+    for (const Shape& sh : shapes)
+      if (sh.layer == opt["layer"]) keep.push_back(sh);
+    if (keep.empty()) {
+      std::fprintf(stderr, "fp4kit-bench: suite %s has no layer '%s'\n", opt["suite"].c_str(), opt["layer"].c_str());
+      return 2;
+    }
+    shapes = keep;
+  }
   if (shapes.empty()) {
     std::fprintf(stderr, "fp4kit-bench: --suite must be llama70b, llama8b, tp8, gptoss or all\n");
     return 2;
