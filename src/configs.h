@@ -18,28 +18,27 @@ struct KernelConfig {
   int min_blocks;   // CTAs per SM the register budget is sized for (__launch_bounds__)
   int chunks;       // CH: 16-byte records per row tile in one pipeline stage (divides 8)
   int stages;       // D: stages in the register ring (1: load, then compute; 2+: the next stages in flight)
-  int aligned;      // host-side grid choice (same kernel): 1 = when there are fewer row groups than resident
-                    // CTAs, use row groups x floor(resident / row groups) CTAs, so that every CTA owns one
-                    // K range of one row group (one pipeline start-up and at most one fixup per CTA)
 };
 
 // The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
 // config is written down.
-// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per stage, stages, aligned
+// id, name, n_tiles, row_tiles/warp, warps, min CTAs/SM, chunks per stage, stages
 // Order matters: for each n_tiles the first entry is the dispatcher's default.
 inline constexpr KernelConfig kKernelConfigs[] = {
-    {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, 0},
-    {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, 0},
-    {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4, 0},
-    {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2, 0},
-    {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, 0},
-    {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, 0},
-    {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2, 0},
-    {7, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2, 0},
-    {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2, 0},
-    {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1, 0},
-    {10, "m8_r1_w8_b3_c8x1_al", 1, 1, 8, 3, 8, 1, 1},
-    {11, "m16_r2_w8_b2_c4x2_al", 2, 2, 8, 2, 4, 2, 1},
+    {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1},
+    {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2},
+    {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4},
+    {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2},
+    {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2},
+    {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2},
+    {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2},
+    {7, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2},
+    {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2},
+    {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1},
+    // Half-size CTAs (64- and 128-row groups): twice the row groups, for layers whose 8-warp row groups
+    // x K slices leave resident CTAs idle or split K many ways.
+    {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1},
+    {11, "m16_r2_w4_b4_c4x2", 2, 2, 4, 4, 4, 2},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

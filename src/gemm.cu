@@ -139,12 +139,6 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.units = int64_t(p.row_groups) * l.k_macros;
   const int64_t resident = int64_t(facts.sms) * per_sm;
   p.grid = int(std::min<int64_t>(p.units, resident));
-  if (cfg->aligned && p.row_groups < resident) {
-    // Stream-K over G = row_groups * s CTAs gives every CTA one K range of one row group (the unit ranges
-    // [b U / G, (b+1) U / G) then never cross a row-group boundary).
-    const int64_t s = std::min<int64_t>(l.k_macros, resident / p.row_groups);
-    p.grid = int(p.row_groups * s);
-  }
   // Split row groups exist only when some CTA's range does not cover whole row groups.
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {

@@ -419,6 +419,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     }
 
     // Split row group: park the partial tile, count arrivals; the last CTA sums all partials in CTA order.
+    // One thread publishes for the CTA (barrier, then a gpu-scope fence and the atomic: the fence is
+    // cumulative over the stores the barrier made visible to it), and the last arrival reads the partials
+    // of up to kBatch CTAs at once: this tail runs after the weight stream has ended, so it costs whole
+    // L2 round trips; reading the partials one CTA after another cost one per CTA (ncu, Llama-8B o at
+    // m = 1: 8 partials, SMs active only 53% of the kernel's duration).
     float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
     const int base = (warp * RW) * NT * 128;
 #pragma unroll
@@ -427,30 +432,47 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
-    __threadfence();
     __syncthreads();
     const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
     const int64_t b_lo = ((lo_u + 1) * G - 1) / p.units;  // owner of a unit: last b with start(b) <= u
     const int64_t b_hi = ((hi_u + 1) * G - 1) / p.units;
-    if (threadIdx.x == 0) s_last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
+    if (threadIdx.x == 0) {
+      __threadfence();
+      const bool last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
+      if (last) __threadfence();
+      s_last = last;
+    }
     __syncthreads();
     if (!s_last) continue;
-    __threadfence();
 #pragma unroll
     for (int r = 0; r < RW; ++r)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
-    for (int64_t c = b_lo; c <= b_hi; ++c) {
-      const int c_first_rg = int((c * p.units / G) / p.k_macros);
-      const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot);
+    constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
+    constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
+    for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
+      float v[kBatch][kTile];
 #pragma unroll
-      for (int r = 0; r < RW; ++r)
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t c = c0 + i;
+        if (c > b_hi) break;
+        const int c_first_rg = int((c * p.units / G) / p.k_macros);
+        const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
+      }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r][nt][e] += __ldcg(src + base + ((r * NT + nt) * 4 + e) * 32 + lane);
+      for (int i = 0; i < kBatch; ++i) {  // in CTA order: the sum is the same whatever the timing
+        if (c0 + i > b_hi) break;
+#pragma unroll
+        for (int r = 0; r < RW; ++r)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[i][(r * NT + nt) * 4 + e];
+      }
     }
     epilogue<T, NT, RW>(p, rt, g, t, acc);
     if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
