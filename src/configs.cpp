@@ -14,19 +14,23 @@ const KernelConfig* find_config(int id) {
 }
 
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why) {
-  (void)n;
-  (void)k;
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
+  const bool large = n * k >= (int64_t(1) << 28);
+  int nt = 0;
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (8 * kKernelConfigs[i].n_tiles >= mb && (nt == 0 || kKernelConfigs[i].n_tiles < nt)) nt = kKernelConfigs[i].n_tiles;
+  if (nt == 0) return kKernelConfigs[kNumKernelConfigs - 1].id;
+  const KernelConfig* pick = nullptr;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (8 * c.n_tiles >= mb) {
-      if (why)
-        *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " +
-               std::to_string(mb) + (m > 64 ? ", 64-token blocks" : "") + ")";
-      return c.id;
-    }
+    if (c.n_tiles != nt) continue;
+    if (!pick || (large && c.row_tiles > pick->row_tiles)) pick = &c;
   }
-  return kKernelConfigs[kNumKernelConfigs - 1].id;
+  if (why)
+    *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
+           (m > 64 ? ", 64-token blocks" : "") +
+           (large ? "; >= 2^28 weights: most row tiles per warp" : "; first entry") + ")";
+  return pick->id;
 }
 
 }  // namespace fp4kit
