@@ -680,8 +680,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a plot of decode tokens/s vs batch (needs matplotlib)")
     p.add_argument("--markdown", action="store_true", help="also print the table in Markdown (for the README)")
+    p.add_argument("--from-json", metavar="PATH", help="run nothing: read a report written by --json")
+    p.add_argument("--readme", metavar="PATH", help="write the Markdown table between the README's "
+                   "<!-- e2e-table:begin --> / <!-- e2e-table:end --> markers")
     a = p.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if a.from_json:
+        rep = json.loads(Path(a.from_json).read_text())
+        print(table(rep))
+        if a.readme:
+            _update_readme(a.readme, markdown(rep) + f"\n\n(`{a.from_json}`)")
+        return 0
     try:
         rep = run([m for m in a.model.split(",") if m], [v for v in a.variants.split(",") if v], a.batches, a.prompt,
                   a.gen, a.layers, a.device, False if a.no_graph else None, a.compile, a.seed, a.commit, log)
@@ -701,6 +710,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"fp4kit.e2e: error: {e}", file=sys.stderr)
             return 2
     return 0
+
+
+def _update_readme(path: str, block: str) -> None:
+    text = Path(path).read_text()
+    b, e = "<!-- e2e-table:begin -->", "<!-- e2e-table:end -->"
+    if b not in text or e not in text:
+        raise SystemExit(f"{path}: markers {b} / {e} not found")
+    head, rest = text.split(b, 1)
+    tail = rest.split(e, 1)[1]
+    Path(path).write_text(head + b + "\n" + block + "\n" + e + tail)
 
 
 if __name__ == "__main__":
