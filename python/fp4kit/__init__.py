@@ -13,7 +13,13 @@ With torch (``pip install fp4kit[torch]``), the same functions take torch tensor
     w = FP4Weight.from_float(weight_tensor, "nvfp4").prepack()   # or from_modelopt / from_gpt_oss / loaders
     y = gemm(x, w, bias=None, out=None)                          # torch.ops.fp4kit.gemm
     model = fp4kit.nn.convert(model, "nvfp4")                    # nn.Linear -> fp4kit.nn.Linear
-``torch.ops.fp4kit.{quantize,prepack,gemm}`` are registered by ``import fp4kit.ops`` (compile/graph safe).
+Mixture of experts (fp4kit.moe):
+    w_gate_up = stack_experts(gate_up_weights, "cuda")          # E FP4Weights [2I, H] -> uint8 [E, stride]
+    w_down = stack_experts(down_weights, "cuda")                # E FP4Weights [H, I]
+    y = fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, "nvfp4", inter)   # torch.ops.fp4kit.fused_moe
+    y = fused_moe_from_logits(x, router_logits, k, w_gate_up, w_down, "nvfp4", inter, routing="softmax")
+``torch.ops.fp4kit.{quantize,prepack,gemm,fused_moe}`` are registered by ``import fp4kit.ops`` (compile/graph
+safe).
 Checkpoints: FP4Weight constructors and ``load_modelopt_checkpoint``, ``load_compressed_tensors_checkpoint``,
 ``load_gpt_oss_experts`` (need ``safetensors``).
 Errors: a bad argument raises ValueError (shape, layout, value) or TypeError (dtype) naming the argument
@@ -33,7 +39,8 @@ __version__: str = _C.__version__
 __all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack", "unpack", "gemm",
            "cuda_device_count", "group_size", "FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up",
            "interleave_gate_up", "swap_nibbles", "load_modelopt_checkpoint", "load_compressed_tensors_checkpoint",
-           "load_gpt_oss_experts", "GptOssExperts", "load_tuning_table", "clear_tuning_table", "dispatch_config"]
+           "load_gpt_oss_experts", "GptOssExperts", "load_tuning_table", "clear_tuning_table", "dispatch_config",
+           "stack_experts", "fused_moe", "fused_moe_from_logits"]
 
 _GROUP = {"nvfp4": 16, "mxfp4": 32}
 
@@ -153,6 +160,37 @@ def gemm(x, w, bias=None, out=None):
     if out is None:
         return torch.ops.fp4kit.gemm(x, w.prepacked, w.format, n, k, bias)
     return torch_ops.gemm(x, w.prepacked, w.format, n, k, bias=bias, out=out)
+
+
+def stack_experts(weights, device=None):
+    """Prepack E FP4Weights of one format and shape into one uint8 torch tensor [E, stride] (stride: the packed
+    size rounded up to 256 bytes), on `device` (default: the weights'); see fp4kit.moe.stack_experts."""
+    from . import moe
+    return moe.stack_experts(weights, device)
+
+
+def fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format: str, inter: int, activation: str = "silu",
+              layout: str = "concatenated", b_gate_up=None, b_down=None, alpha: float = 1.702, limit: float = 7.0):
+    """Mixture-of-experts layer for given routing (torch.ops.fp4kit.fused_moe) on stack_experts() buffers:
+    x bfloat16 [T, H], topk_ids int32 [T, k], topk_weights float32 [T, k]; returns Y [T, H]. See
+    fp4kit.moe.fused_moe."""
+    from . import moe
+    return moe.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                         b_gate_up, b_down, alpha, limit)
+
+
+def fused_moe_from_logits(x, router_logits, k: int, w_gate_up, w_down, format: str, inter: int,
+                          activation: str = "silu", layout: str = "concatenated", b_gate_up=None, b_down=None,
+                          alpha: float = 1.702, limit: float = 7.0, *, routing: str = "softmax",
+                          renormalize: bool = True, n_group: int = 1, topk_group: int = 1,
+                          routed_scaling_factor: float = 1.0, correction_bias=None):
+    """Route router_logits [T, E] to k experts per token (routing "softmax" or "sigmoid_grouped", DeepSeek-V3's),
+    then fused_moe. See fp4kit.moe.fused_moe_from_logits."""
+    from . import moe
+    return moe.fused_moe_from_logits(x, router_logits, k, w_gate_up, w_down, format, inter, activation, layout,
+                                     b_gate_up, b_down, alpha, limit, routing=routing, renormalize=renormalize,
+                                     n_group=n_group, topk_group=topk_group,
+                                     routed_scaling_factor=routed_scaling_factor, correction_bias=correction_bias)
 
 
 from .weights import (FP4Weight, check_nibble_order, deinterleave_gate_up, fuse, interleave_gate_up,  # noqa: E402

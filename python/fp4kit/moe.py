@@ -8,6 +8,14 @@ These are the definitions the fused MoE GPU kernel is tested against (torch, any
     a = align_tokens(ids, num_experts, block)                           # sorting for the grouped GEMM
     y = moe_reference(x, ids, w, w_gate_up, w_down, b_gate_up, b_down, activation, layout)
 
+and the fused layer that runs it (torch.ops.fp4kit.fused_moe: the fp4kit kernels on CUDA, this reference on
+the CPU), on experts stacked once into one prepacked buffer per projection:
+
+    w_gate_up = stack_experts(gate_up_weights, "cuda")                  # uint8 [E, stride], n = 2I, k = H
+    w_down = stack_experts(down_weights, "cuda")                        # uint8 [E, stride], n = H, k = I
+    y = fused_moe(x, ids, w, w_gate_up, w_down, "mxfp4", inter, "swiglu_oai", "interleaved", b_gu, b_d)
+    y = fused_moe_from_logits(x, router_logits, k, w_gate_up, w_down, "nvfp4", inter, routing="softmax")
+
 Ties: every top-k here (experts and DeepSeek's groups) is a stable descending sort, so among equal scores
 the lower expert (group) id is chosen first, and the returned ids are ordered by descending score.
 Bad input raises ValueError (shape, value) or TypeError (dtype, type), naming the argument and the rule.
@@ -16,14 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .weights import FP4Weight
 
 __all__ = ["route_softmax_topk", "route_sigmoid_grouped_topk", "align_tokens", "MoEAlignment", "touched_experts",
-           "expert_weight_bytes", "touched_weight_bytes", "silu_and_mul", "swiglu_oai", "moe_reference"]
+           "expert_weight_bytes", "touched_weight_bytes", "silu_and_mul", "swiglu_oai", "moe_reference",
+           "stack_experts", "fused_moe", "fused_moe_from_logits"]
 
 LAYOUTS = ("concatenated", "interleaved")
 ACTIVATIONS = ("silu", "swiglu_oai")
@@ -374,3 +383,115 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     for j in range(k):
         out += wts[:, j:j + 1] * slots[:, j]
     return out.to(x.dtype)
+
+
+# ---- stacked experts and the fused layer -----------------------------------------------------------------
+#: Bytes between consecutive experts of a stacked buffer are a multiple of this (the kernel's alignment).
+STACK_ALIGN = 256
+
+
+def stack_experts(weights: Sequence[FP4Weight], device: Union[None, str, torch.device] = None) -> torch.Tensor:
+    """Prepack E experts of one projection into one uint8 tensor [E, stride], the layout fused_moe reads.
+
+    weights: E FP4Weights of one format and one shape (N, K) (gate_up: (2I, H); down: (H, I)), numpy or torch
+    arrays. Each is prepacked (fp4kit.torch_ops.prepack: on the GPU for CUDA tensors, on the host for CPU ones)
+    on `device` (default: the weights' device, which must then be one for all) with its per-row tensor scales,
+    and written to row e; stride = packed_layout(format, N, K)["total_bytes"] rounded up to a multiple of 256,
+    the padding zero-filled. The FP4Weights are not modified. Run once per layer, not per call."""
+    from . import torch_ops
+    if isinstance(weights, (str, bytes, FP4Weight, torch.Tensor)) or not hasattr(weights, "__iter__"):
+        raise TypeError(f"weights: must be a sequence of FP4Weight, one per expert (got {type(weights).__name__})")
+    weights = list(weights)
+    if not weights:
+        raise ValueError("weights: need at least one expert")
+    for i, w in enumerate(weights):
+        if not isinstance(w, FP4Weight):
+            raise TypeError(f"weights[{i}]: must be an FP4Weight (got {type(w).__name__})")
+    first = weights[0]
+    for i, w in enumerate(weights[1:], 1):
+        if w.format != first.format:
+            raise ValueError(f"weights[{i}]: format {w.format} differs from weights[0]'s {first.format}; "
+                             "the experts of one stack must share format and shape")
+        if w.shape != first.shape:
+            raise ValueError(f"weights[{i}]: shape {w.shape} differs from weights[0]'s {first.shape}; "
+                             "the experts of one stack must share format and shape")
+    if device is None:
+        for i, w in enumerate(weights[1:], 1):
+            if w.device != first.device:
+                raise ValueError(f"weights[{i}]: on {w.device}, weights[0] on {first.device}; give `device` "
+                                 "to stack experts held on different devices")
+        device = first.device
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: not a torch device ({device!r}: {e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be a CPU or CUDA device (got {dev})")
+    n, k = first.shape
+    total = torch_ops._total_bytes(first.format, n, k)
+    stride = -(-total // STACK_ALIGN) * STACK_ALIGN
+    out = torch.zeros(len(weights), stride, dtype=torch.uint8, device=dev)
+    for e, w in enumerate(weights):
+        moved = w.to(dev)  # a new FP4Weight (torch tensors on dev); `w` keeps its arrays and its `prepacked`
+        buf = torch_ops.prepack(moved.packed, moved.scales, moved.tensor_scale, w.format, n, k)
+        out[e, :total].copy_(buf)
+    return out
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor, format: str, inter: int, activation: str = "silu",
+              layout: str = "concatenated", b_gate_up: Optional[torch.Tensor] = None,
+              b_down: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """The MoE layer for given routing: Y[t] = sum_j topk_weights[t, j] * down_e(act(gate_up_e(x[t]))), e =
+    topk_ids[t, j] (see moe_reference), through torch.ops.fp4kit.fused_moe. Returns a new Y [T, H], x's dtype.
+
+    x bfloat16 [T, H], contiguous; topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
+    route_sigmoid_grouped_topk return both); w_gate_up, w_down: stack_experts() buffers of the E experts' gate_up
+    (2I x H) and down (H x I) weights, both in `format` ("nvfp4" or "mxfp4"); inter = I; activation "silu"
+    (silu(gate) * up) or "swiglu_oai" (gpt-oss, with alpha and limit); layout of the gate_up rows (and of
+    b_gate_up): "concatenated" ([gate; up]) or "interleaved" (gate, up alternating, as gpt-oss stores them);
+    b_gate_up [E, 2I] and b_down [E, H]: optional biases of x's dtype. All tensors on x's device.
+
+    CUDA: the fused kernels on the current stream; no host synchronisation and no allocation other than Y (and
+    the zero-filled workspace, once per stream), so it can be captured in a CUDA graph and compiled with
+    torch.compile(fullgraph=True). The h and activation intermediates and each expert's output are rounded to
+    bfloat16 (as unfused bfloat16 layers would). A token with an expert id outside [0, E) gets a NaN row; the
+    other tokens are unaffected. CPU: moe_reference on the dequantized experts (same rules, same errors).
+    Bad arguments raise TypeError (type, dtype) or ValueError (shape, device, value) naming the argument."""
+    from . import ops as _ops  # noqa: F401  (registers torch.ops.fp4kit)
+    return torch.ops.fp4kit.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation,
+                                      layout, b_gate_up, b_down, alpha, limit)
+
+
+ROUTINGS = ("softmax", "sigmoid_grouped")
+
+
+def fused_moe_from_logits(x: torch.Tensor, router_logits: torch.Tensor, k: int, w_gate_up: torch.Tensor,
+                          w_down: torch.Tensor, format: str, inter: int, activation: str = "silu",
+                          layout: str = "concatenated", b_gate_up: Optional[torch.Tensor] = None,
+                          b_down: Optional[torch.Tensor] = None, alpha: float = 1.702, limit: float = 7.0, *,
+                          routing: str = "softmax", renormalize: bool = True, n_group: int = 1,
+                          topk_group: int = 1, routed_scaling_factor: float = 1.0,
+                          correction_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Route router_logits [T, E] to k experts per token, then fused_moe (same arguments after `k`).
+
+    routing "softmax": route_softmax_topk(router_logits, k, renormalize) (gpt-oss, Mixtral, Qwen3).
+    routing "sigmoid_grouped": route_sigmoid_grouped_topk(router_logits, k, n_group, topk_group,
+    routed_scaling_factor, correction_bias, renormalize) (DeepSeek-V3). The routing checks router_logits for
+    NaN on the host (a synchronisation): to capture a CUDA graph, route inside it with your own code and call
+    fused_moe."""
+    if routing == "softmax":
+        unused = [name for name, changed in (("n_group", n_group != 1), ("topk_group", topk_group != 1),
+                                             ("routed_scaling_factor", routed_scaling_factor != 1.0),
+                                             ("correction_bias", correction_bias is not None)) if changed]
+        if unused:
+            raise ValueError(f'{unused[0]}: applies to routing="sigmoid_grouped" only (leave it at its default '
+                             'with routing="softmax")')
+        ids, wts = route_softmax_topk(router_logits, k, renormalize)
+    elif routing == "sigmoid_grouped":
+        ids, wts = route_sigmoid_grouped_topk(router_logits, k, n_group, topk_group, routed_scaling_factor,
+                                              correction_bias, renormalize)
+    else:
+        raise ValueError(f"routing: must be one of {ROUTINGS} (got {routing!r})")
+    return fused_moe(x, ids.contiguous(), wts.contiguous(), w_gate_up, w_down, format, inter, activation, layout,
+                     b_gate_up, b_down, alpha, limit)

@@ -11,16 +11,26 @@ can be checked on a machine without a GPU.
     torch.ops.fp4kit.quantize(w, format, tensor_scale=None) -> (packed, scales, tensor_scale)
     torch.ops.fp4kit.prepack(packed, scales, tensor_scale, format, n, k) -> buffer
     torch.ops.fp4kit.gemm(x, buffer, format, n, k, bias=None) -> y
+    torch.ops.fp4kit.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                               b_gate_up=None, b_down=None, alpha=1.702, limit=7.0) -> y
 
-The GEMM's scratch workspace is managed inside the CUDA implementation (like cuBLAS's): one zero-filled
+``fused_moe`` is the Mixture-of-Experts layer for given routing (fp4kit.moe.fused_moe documents it); its
+expert weights are the stacked buffers of fp4kit.moe.stack_experts, and its CPU implementation is
+fp4kit.moe.moe_reference on the dequantized experts.
+
+The GEMM's (and the MoE layer's) scratch workspace is managed inside the CUDA implementation (like cuBLAS's): one zero-filled
 buffer per (device, stream) in eager mode, a fresh one per call while a CUDA graph is being captured, so
 captured graphs never share scratch memory with eager calls.
 """
 from __future__ import annotations
 
+import functools
+import math
+from typing import Tuple
+
 import torch
 
-from . import _C, group_size, torch_ops
+from . import _C, group_size, moe, torch_ops
 
 __all__ = ["dequantize_packed"]
 
@@ -28,6 +38,9 @@ _lib = torch.library.Library("fp4kit", "DEF")
 _lib.define("quantize(Tensor w, str format, Tensor? tensor_scale=None) -> (Tensor, Tensor, Tensor)")
 _lib.define("prepack(Tensor packed, Tensor scales, Tensor? tensor_scale, str format, int n, int k) -> Tensor")
 _lib.define("gemm(Tensor x, Tensor w, str format, int n, int k, Tensor? bias=None) -> Tensor")
+_lib.define("fused_moe(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w_gate_up, Tensor w_down, str format, "
+            "int inter, str activation, str layout, Tensor? b_gate_up=None, Tensor? b_down=None, "
+            "float alpha=1.702, float limit=7.0) -> Tensor")
 
 
 # ---- quantize ---------------------------------------------------------------------------------------
@@ -124,3 +137,157 @@ if not CPP_CUDA_KERNEL:
 def _gemm_fake(x, w, format, n, k, bias=None):
     torch._check(x.shape[-1] == k, lambda: f"x: last dimension must be k = {k}")
     return x.new_empty(tuple(x.shape[:-1]) + (n,))
+
+
+# ---- fused_moe --------------------------------------------------------------------------------------
+def _moe_tensor(t, name: str, dtype: torch.dtype, device: torch.device, ndim: int, why: str = "") -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor (got {type(t).__name__})")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: dtype must be {dtype}{why} (got {t.dtype})")
+    if t.device != device:
+        raise ValueError(f"{name}: must be on x's device {device} (got {t.device})")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: must have {ndim} dimensions (got shape {tuple(t.shape)})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
+
+
+def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout, b_gate_up, b_down,
+               alpha, limit) -> Tuple[int, int, int, int]:
+    """The rules of fused_moe, the same on every device (metadata only: no synchronisation). Returns
+    (T, H, E, top_k)."""
+    g = group_size(format)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: must be a torch.Tensor (got {type(x).__name__})")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: dtype must be torch.bfloat16 (float16 MoE is not supported yet; got {x.dtype})")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"x: must be a CPU or CUDA tensor (got {x.device})")
+    dev = x.device
+    _moe_tensor(x, "x", torch.bfloat16, dev, 2)
+    t, h = int(x.shape[0]), int(x.shape[1])
+    if isinstance(inter, bool) or not isinstance(inter, int):
+        raise TypeError(f"inter: must be an int (got {type(inter).__name__})")
+    if inter < 1:
+        raise ValueError(f"inter: the intermediate size I must be >= 1 (got {inter})")
+    if h < 1 or h % g:
+        raise ValueError(f"x: H = x.shape[1] = {h} must be a positive multiple of the {format} group size {g} "
+                         "(it is the K of gate_up)")
+    if inter % g:
+        raise ValueError(f"inter: I = {inter} must be a multiple of the {format} group size {g} (it is the K of down)")
+    if activation not in moe.ACTIVATIONS:
+        raise ValueError(f"activation: must be one of {moe.ACTIVATIONS} (got {activation!r})")
+    if layout not in moe.LAYOUTS:
+        raise ValueError(f"layout: must be one of {moe.LAYOUTS} (got {layout!r})")
+    for name, v in (("alpha", alpha), ("limit", limit)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}: must be a finite number (got {v!r})")
+    if limit <= 0:
+        raise ValueError(f"limit: must be positive (got {limit})")
+    _moe_tensor(topk_ids, "topk_ids", torch.int32, dev, 2)
+    k = int(topk_ids.shape[1])
+    if int(topk_ids.shape[0]) != t or k < 1:
+        raise ValueError(f"topk_ids: shape must be [T, k] with T = x.shape[0] = {t} and k >= 1 "
+                         f"(got {tuple(topk_ids.shape)})")
+    _moe_tensor(topk_weights, "topk_weights", torch.float32, dev, 2)
+    if tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"topk_weights: shape must be topk_ids' ({t}, {k}) (got {tuple(topk_weights.shape)})")
+    e = 0
+    for name, buf, n, kk in (("w_gate_up", w_gate_up, 2 * inter, h), ("w_down", w_down, h, inter)):
+        _moe_tensor(buf, name, torch.uint8, dev, 2, " (stacked experts, fp4kit.moe.stack_experts)")
+        rows, stride = int(buf.shape[0]), int(buf.shape[1])
+        if name == "w_gate_up":
+            e = rows
+            if e < 1:
+                raise ValueError(f"w_gate_up: needs at least one expert (got shape {tuple(buf.shape)})")
+        elif rows != e:
+            raise ValueError(f"w_down: must hold one row per expert, E = w_gate_up.shape[0] = {e} (got {rows})")
+        need = torch_ops._total_bytes(format, n, kk)
+        if stride < need:
+            raise ValueError(f"{name}: each expert's row must hold packed_layout({format!r}, {n}, {kk})"
+                             f"[\"total_bytes\"] = {need} bytes (got shape {tuple(buf.shape)}); "
+                             f"stacked for another format, H or I?")
+        if stride % moe.STACK_ALIGN:
+            raise ValueError(f"{name}: row stride must be a multiple of {moe.STACK_ALIGN} bytes "
+                             f"(got {stride}); build it with fp4kit.moe.stack_experts")
+    if k > e:
+        raise ValueError(f"topk_ids: k = topk_ids.shape[1] = {k} must be <= the number of experts "
+                         f"E = w_gate_up.shape[0] = {e}")
+    if dev.type == "cuda":  # the kernels' alignment (any tensor torch allocates has it)
+        a = moe.STACK_ALIGN
+        for name, v, align in (("x", x, 16), ("w_gate_up", w_gate_up, a), ("w_down", w_down, a)):
+            if v.data_ptr() % align:
+                raise ValueError(f"{name}: data must be {align}-byte aligned (got address {v.data_ptr():#x}); "
+                                 "pass the tensor itself, not an offset view")
+    for name, b, n in (("b_gate_up", b_gate_up, 2 * inter), ("b_down", b_down, h)):
+        if b is not None:
+            _moe_tensor(b, name, x.dtype, dev, 2, " (x's dtype)")
+            if tuple(b.shape) != (e, n):
+                raise ValueError(f"{name}: shape must be ({e}, {n}), one row per expert (got {tuple(b.shape)})")
+    return t, h, e, k
+
+
+def _fused_moe_cpu(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                   b_gate_up=None, b_down=None, alpha=1.702, limit=7.0):
+    t, h, e, k = _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                            b_gate_up, b_down, alpha, limit)
+    if t == 0:
+        return x.new_empty((0, h))
+    ids = topk_ids.long()
+    valid = (ids >= 0) & (ids < e)
+    ids = torch.where(valid, ids, torch.zeros_like(ids))  # computed, then overwritten with NaN below
+    used = set(torch.unique(ids).tolist())
+    # Experts nobody routed to are never read: a zero-stride stand-in of the right shape keeps their place.
+    wgu = [dequantize_packed(w_gate_up[i], format, 2 * inter, h) if i in used
+           else torch.zeros(()).expand(2 * inter, h) for i in range(e)]
+    wd = [dequantize_packed(w_down[i], format, h, inter) if i in used else torch.zeros(()).expand(h, inter)
+          for i in range(e)]
+    y = moe.moe_reference(x, ids, topk_weights, wgu, wd, b_gate_up, b_down, activation, layout, alpha=float(alpha),
+                          limit=float(limit))
+    bad = ~valid.all(dim=1)
+    if bool(bad.any()):
+        y[bad] = float("nan")
+    return y.contiguous()
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_ws_bytes(device_index: int, t: int, h: int, inter: int, e: int, k: int, format: str, gate_up_stride: int,
+                  down_stride: int, activation: str, layout: str) -> int:
+    with torch.cuda.device(device_index):  # the query is about the current device
+        return _C.moe_workspace_bytes(t, h, inter, e, k, "bfloat16", format, gate_up_stride, down_stride, activation,
+                                      layout)
+
+
+def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                    b_gate_up=None, b_down=None, alpha=1.702, limit=7.0):
+    t, h, e, k = _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                            b_gate_up, b_down, alpha, limit)
+    dev = x.device
+    y = torch.empty_like(x)
+    if t == 0:
+        return y
+    gu_stride, d_stride = int(w_gate_up.shape[1]), int(w_down.shape[1])
+    stream = torch_ops._stream(dev)
+    ws_bytes = _moe_ws_bytes(dev.index, t, h, inter, e, k, format, gu_stride, d_stride, activation, layout)
+    ws = torch_ops._workspace(dev, stream, ws_bytes) if ws_bytes else None
+    args = (t, h, inter, e, k, "bfloat16", x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), format,
+            w_gate_up.data_ptr(), gu_stride, b_gate_up.data_ptr() if b_gate_up is not None else 0,
+            w_down.data_ptr(), d_stride, b_down.data_ptr() if b_down is not None else 0, activation, layout,
+            float(alpha), float(limit), y.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
+    if dev.index == torch.cuda.current_device():
+        _C.fused_moe(*args)
+    else:
+        with torch.cuda.device(dev):
+            _C.fused_moe(*args)
+    return y
+
+
+_lib.impl("fused_moe", _fused_moe_cpu, "CPU")
+_lib.impl("fused_moe", _fused_moe_cuda, "CUDA")
+
+
+@torch.library.register_fake("fp4kit::fused_moe")
+def _fused_moe_fake(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
+                    b_gate_up=None, b_down=None, alpha=1.702, limit=7.0):
+    return x.new_empty(x.shape)

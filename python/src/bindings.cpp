@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fp4kit/gemm.h"
+#include "fp4kit/moe.h"
 #include "fp4kit/tuning.h"
 #include "fp4kit/quant.h"
 #include "fp4kit/repack.h"
@@ -347,6 +348,79 @@ void gemm(int64_t m, const std::string& act, uintptr_t x, const std::string& for
   check(fp4kit::gemm(a, stream_of(stream)));
 }
 
+fp4kit::MoEActivation parse_moe_activation(const std::string& s) {
+  if (s == "silu") return fp4kit::MoEActivation::kSiluAndMul;
+  if (s == "swiglu_oai") return fp4kit::MoEActivation::kSwigluOAI;
+  value_error("activation: must be \"silu\" or \"swiglu_oai\" (got \"" + s + "\")");
+}
+fp4kit::GateUpLayout parse_gate_up_layout(const std::string& s) {
+  if (s == "concatenated") return fp4kit::GateUpLayout::kConcatenated;
+  if (s == "interleaved") return fp4kit::GateUpLayout::kInterleaved;
+  value_error("layout: must be \"concatenated\" or \"interleaved\" (got \"" + s + "\")");
+}
+int experts_int(int64_t v, const char* name) {
+  if (v < 0 || v > INT32_MAX) value_error(std::string(name) + ": must be in [0, 2^31) (got " + std::to_string(v) + ")");
+  return int(v);
+}
+
+// The shape fields of MoEArgs (pointers null): what moe_workspace_bytes reads, and fused_moe's starting point.
+fp4kit::MoEArgs moe_shape(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_experts, int64_t top_k,
+                          const std::string& act, const std::string& format, size_t gate_up_stride,
+                          size_t down_stride, const std::string& activation, const std::string& layout) {
+  fp4kit::MoEArgs a;
+  a.tokens = tokens;
+  a.hidden = hidden;
+  a.inter = inter;
+  a.num_experts = experts_int(num_experts, "num_experts");
+  a.top_k = experts_int(top_k, "top_k");
+  a.act = parse_dtype(act, "act", false);
+  const Format f = parse_format(format);
+  a.gate_up.format = f;
+  a.gate_up.n = 2 * inter;
+  a.gate_up.k = hidden;
+  a.gate_up.stride = gate_up_stride;
+  a.down.format = f;
+  a.down.n = hidden;
+  a.down.k = inter;
+  a.down.stride = down_stride;
+  a.activation = parse_moe_activation(activation);
+  a.layout = parse_gate_up_layout(layout);
+  return a;
+}
+
+size_t moe_workspace_bytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_experts, int64_t top_k,
+                           const std::string& act, const std::string& format, size_t gate_up_stride,
+                           size_t down_stride, const std::string& activation, const std::string& layout) {
+  const fp4kit::MoEArgs a = moe_shape(tokens, hidden, inter, num_experts, top_k, act, format, gate_up_stride,
+                                      down_stride, activation, layout);
+  size_t bytes = 0;
+  check(fp4kit::moe_workspace_bytes(a, &bytes));
+  return bytes;
+}
+
+void fused_moe(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_experts, int64_t top_k,
+               const std::string& act, uintptr_t x, uintptr_t topk_ids, uintptr_t topk_weights,
+               const std::string& format, uintptr_t gate_up, size_t gate_up_stride, uintptr_t gate_up_bias,
+               uintptr_t down, size_t down_stride, uintptr_t down_bias, const std::string& activation,
+               const std::string& layout, float alpha, float limit, uintptr_t y, uintptr_t workspace,
+               size_t workspace_bytes, uintptr_t stream) {
+  fp4kit::MoEArgs a = moe_shape(tokens, hidden, inter, num_experts, top_k, act, format, gate_up_stride,
+                                down_stride, activation, layout);
+  a.x = dev<const void>(x);
+  a.topk_ids = dev<const int32_t>(topk_ids);
+  a.topk_weights = dev<const float>(topk_weights);
+  a.gate_up.data = dev<const void>(gate_up);
+  a.gate_up.bias = dev<const void>(gate_up_bias);
+  a.down.data = dev<const void>(down);
+  a.down.bias = dev<const void>(down_bias);
+  a.alpha = alpha;
+  a.limit = limit;
+  a.y = dev<void>(y);
+  a.workspace = dev<void>(workspace);
+  a.workspace_bytes = workspace_bytes;
+  check(fp4kit::fused_moe(a, stream_of(stream)));
+}
+
 void quantize_gpu(const std::string& format, uintptr_t w, const std::string& w_dtype, int64_t n, int64_t k,
                   uintptr_t packed, uintptr_t scales, uintptr_t tensor_scale, uintptr_t workspace, uintptr_t stream,
                   uintptr_t given_tensor_scale) {
@@ -413,6 +487,15 @@ NB_MODULE(_C, m) {
   m.def("gemm", &gemm, "m"_a, "act"_a, "x_ptr"_a, "format"_a, "n"_a, "k"_a, "w_ptr"_a, "bias_ptr"_a, "y_ptr"_a,
         "workspace_ptr"_a, "workspace_bytes"_a, "stream"_a, "config"_a = -1,
         "Y[m, n] = X[m, k] W^T (+ bias) on the device (raw pointers; asynchronous on `stream`).");
+  m.def("moe_workspace_bytes", &moe_workspace_bytes, "tokens"_a, "hidden"_a, "inter"_a, "num_experts"_a, "top_k"_a,
+        "act"_a, "format"_a, "gate_up_stride"_a, "down_stride"_a, "activation"_a = "silu",
+        "layout"_a = "concatenated", "Workspace bytes fused_moe() needs for these shapes on the current device.");
+  m.def("fused_moe", &fused_moe, "tokens"_a, "hidden"_a, "inter"_a, "num_experts"_a, "top_k"_a, "act"_a, "x_ptr"_a,
+        "topk_ids_ptr"_a, "topk_weights_ptr"_a, "format"_a, "gate_up_ptr"_a, "gate_up_stride"_a,
+        "gate_up_bias_ptr"_a, "down_ptr"_a, "down_stride"_a, "down_bias_ptr"_a, "activation"_a, "layout"_a,
+        "alpha"_a, "limit"_a, "y_ptr"_a, "workspace_ptr"_a, "workspace_bytes"_a, "stream"_a,
+        "Fused MoE layer for given routing (fp4kit/moe.h) on the device: experts stacked `stride` bytes apart, "
+        "gate_up [2*inter, hidden], down [hidden, inter] (raw pointers; 0 = null; asynchronous on `stream`).");
   m.def("quantize_workspace_bytes", &fp4kit::quantize_workspace_bytes, "Workspace bytes quantize_gpu() needs.");
   m.def("quantize_gpu", &quantize_gpu, "format"_a, "w_ptr"_a, "w_dtype"_a, "n"_a, "k"_a, "packed_ptr"_a,
         "scales_ptr"_a, "tensor_scale_ptr"_a, "workspace_ptr"_a, "stream"_a, "given_tensor_scale_ptr"_a = 0,

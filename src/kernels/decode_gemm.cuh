@@ -43,6 +43,21 @@
 namespace fp4kit {
 namespace kernels {
 
+// Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
+// to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
+// the row-group space is (active expert a, row group) and stream-K runs over n_active * row_groups *
+// k_macros units, read from device memory at kernel start. Experts nobody routed to are not read.
+struct GroupedSchedule {
+  const int* n_active;      // [1] number of active experts
+  const int* active;        // [E] active expert ids (any order)
+  const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
+  const int* x_rows;        // [rows] X row of each sorted row, or null (sorted row r reads X row r)
+  const uint8_t* base;      // expert e's prepacked buffer: base + e * stride
+  size_t stride;
+  size_t weights_offset, scales_offset, out_scale_offset;
+  const void* bias;         // [E, n] or null
+};
+
 struct DecodeParams {
   const void* x;          // [m, K]
   void* y;                // [m, N]
@@ -56,7 +71,11 @@ struct DecodeParams {
   int64_t units;          // row_groups * k_macros
   int* counters;          // [row_groups], zero between calls
   float* partials;        // [gridDim.x][2][slot floats]
+  const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: gathered rows)
+  GroupedSchedule grouped; // grouped (MoE) kernels only, see above
 };
+
+
 
 // ---- PTX wrappers --------------------------------------------------------------------------------
 
@@ -273,7 +292,8 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j) {
     const int tok = i / kPieces, piece = i % kPieces;
     const int k = j * layout::kMacroK + piece * 8;
     const bool valid = k < p.k;
-    cp_async16(xs + tok * kXRowElems + piece * 8, valid ? x + int64_t(tok) * p.k + k : x, valid);
+    const int64_t row = p.x_rows ? p.x_rows[tok] : tok;
+    cp_async16(xs + tok * kXRowElems + piece * 8, valid ? x + row * p.k + k : x, valid);
   }
   cp_async_commit();
 }
@@ -345,7 +365,7 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
   }
 }
 
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
@@ -358,8 +378,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   constexpr int kXBuf = 8 * NT * kXRowElems;
 
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
+  // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
   const int64_t G = gridDim.x, b = blockIdx.x;
-  const int64_t u_begin = b * p.units / G, u_end = (b + 1) * p.units / G;
+  int64_t units = p.units;
+  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
+  const int64_t u_begin = b * units / G, u_end = (b + 1) * units / G;
   const int first_rg = int(u_begin / p.k_macros);
 
   for (int64_t u = u_begin; u < u_end;) {
@@ -368,9 +391,28 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     const int j1 = int(u_end - u < int64_t(p.k_macros - j0) ? j0 + (u_end - u) : p.k_macros);
     u += j1 - j0;
 
+    // The segment's problem: the whole GEMM, or (grouped) one expert's matrix and rows.
+    DecodeParams q = p;
+    int lrg = rg;
+    if constexpr (kGrouped) {
+      const GroupedSchedule& gs = p.grouped;
+      const int e = gs.active[rg / p.row_groups];
+      lrg = rg % p.row_groups;
+      const int r0 = gs.offset[e];
+      q.m = gs.offset[e + 1] - r0;
+      const uint8_t* wb = gs.base + size_t(e) * gs.stride;
+      q.weights = reinterpret_cast<const uint4*>(wb + gs.weights_offset);
+      q.scales = wb + gs.scales_offset;
+      q.out_scale = reinterpret_cast<const float*>(wb + gs.out_scale_offset);
+      q.bias = gs.bias ? static_cast<const T*>(gs.bias) + int64_t(e) * p.n : nullptr;
+      q.x_rows = gs.x_rows ? gs.x_rows + r0 : nullptr;
+      q.x = gs.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
+      q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
+    }
+
     int rt[RW];
 #pragma unroll
-    for (int r = 0; r < RW; ++r) rt[r] = (rg * WARPS + warp) * RW + r;
+    for (int r = 0; r < RW; ++r) rt[r] = (lrg * WARPS + warp) * RW + r;
 
     float acc[RW][NT][4];
 #pragma unroll
@@ -386,35 +428,35 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
     ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
-    load_scale_records<F, RW>(rec, p, rt, j0, lane, pol);
+    load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
     __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
-    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, p, j0);
+    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0);
     Stage<RW, CH> ring[D];
 #pragma unroll
-    for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], p, rt, c_begin + d * CH, c_end, lane, pol);
+    for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
     for (int base = c_begin; base < c_end; base += D * CH) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int cs = base + d * CH;
         if (cs >= c_end) break;
-        load_stage<RW, CH>(ring[(d + D - 1) % D], p, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
         const int j = cs / layout::kChunksPerMacro;
         if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
           // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
           // buffer now receives slice j+1.
           cp_async_wait_all();
           __syncthreads();
-          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, p, j + 1);
+          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1);
 #pragma unroll
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
-          if (j + 1 < j1) load_scale_records<F, RW>(rec, p, rt, j + 1, lane, pol);
+          if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
-        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, p, cs, c_end, g, t, acc);
+        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
       }
     }
 
     if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
-      epilogue<T, NT, RW>(p, rt, g, t, acc);
+      epilogue<T, NT, RW>(q, rt, g, t, acc);
       continue;
     }
 
@@ -434,8 +476,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
         for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
     __syncthreads();
     const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
-    const int64_t b_lo = ((lo_u + 1) * G - 1) / p.units;  // owner of a unit: last b with start(b) <= u
-    const int64_t b_hi = ((hi_u + 1) * G - 1) / p.units;
+    const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
+    const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
     if (threadIdx.x == 0) {
       __threadfence();
       const bool last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
@@ -458,7 +500,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       for (int i = 0; i < kBatch; ++i) {
         const int64_t c = c0 + i;
         if (c > b_hi) break;
-        const int c_first_rg = int((c * p.units / G) / p.k_macros);
+        const int c_first_rg = int((c * units / G) / p.k_macros);
         const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
 #pragma unroll
         for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
@@ -474,7 +516,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
             for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[i][(r * NT + nt) * 4 + e];
       }
     }
-    epilogue<T, NT, RW>(p, rt, g, t, acc);
+    epilogue<T, NT, RW>(q, rt, g, t, acc);
     if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
   }
 }

@@ -1,0 +1,78 @@
+// fp4kit/moe.h: fused Mixture-of-Experts layer with FP4 (NVFP4 or MXFP4) experts, for given routing.
+//
+//   for each token t and each of its top_k slots j (expert e = topk_ids[t, j], weight w = topk_weights[t, j]):
+//     h      = X[t] @ W_gate_up[e]^T (+ b_gate_up[e])          [2I]   (gate and up rows, see GateUpLayout)
+//     a      = act(gate(h), up(h))                              [I]
+//     o_tj   = a @ W_down[e]^T (+ b_down[e])                    [H]
+//   Y[t] = sum_j w * o_tj  (fp32, slots in order j = 0..top_k-1), cast to the activation dtype.
+//
+// Contract:
+//   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16), 16-byte aligned; topk_ids int32 [T, top_k] and
+//     topk_weights float32 [T, top_k], device memory.
+//   - Experts: each of the E experts' matrices prepacked (prepack_*) for the same (format, n, k), stored
+//     `stride` bytes apart from `data` (stride a multiple of 256, at least packed_layout().total_bytes).
+//     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act`.
+//   - The h and a intermediates are rounded to `act` (as an unfused BF16 layer would); o_tj is rounded to
+//     `act` before the fp32 weighted sum.
+//   - An id outside [0, E) cannot be reported without a host synchronisation: that token's output row is
+//     NaN (every other token is computed normally).
+//   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
+//     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
+//   - T up to 64 per internal pass; larger T runs in passes of 64 tokens (correct, not yet fast: the
+//     prefill path for MoE is future work).
+//   - workspace: moe_workspace_bytes() bytes, zero-filled once before first use (left zeroed).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "fp4kit/formats.h"
+#include "fp4kit/status.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace fp4kit {
+
+enum class MoEActivation : int {
+  kSiluAndMul = 0,  // silu(g) * u
+  kSwigluOAI = 1,   // gpt-oss: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
+};
+enum class GateUpLayout : int {
+  kConcatenated = 0,  // rows [0, I) are gate, [I, 2I) are up
+  kInterleaved = 1,   // row 2i is gate i, row 2i+1 is up i (gpt-oss checkpoints)
+};
+
+struct ExpertWeights {
+  Format format = Format::kMXFP4;
+  int64_t n = 0, k = 0;
+  const void* data = nullptr;  // expert e's prepacked buffer starts at data + e * stride
+  size_t stride = 0;
+  const void* bias = nullptr;  // [E, n] of the activation dtype, or null
+};
+
+struct MoEArgs {
+  int64_t tokens = 0;  // T
+  int64_t hidden = 0;  // H
+  int64_t inter = 0;   // I
+  int num_experts = 0; // E
+  int top_k = 0;
+  DType act = DType::kBF16;
+  const void* x = nullptr;
+  const int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;
+  ExpertWeights gate_up;  // n = 2I, k = H
+  ExpertWeights down;     // n = H, k = I
+  MoEActivation activation = MoEActivation::kSiluAndMul;
+  GateUpLayout layout = GateUpLayout::kConcatenated;
+  float alpha = 1.702f, limit = 7.0f;  // kSwigluOAI only
+  void* y = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Checks every argument (the messages name the argument and the rule).
+Status moe_validate(const MoEArgs& a);
+// Workspace bytes fused_moe() needs for these shapes on the current device.
+Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes);
+Status fused_moe(const MoEArgs& a, cudaStream_t stream);
+
+}  // namespace fp4kit

@@ -1,0 +1,421 @@
+// moe.cu: the fused Mixture-of-Experts layer (fp4kit/moe.h) for decode-sized token counts.
+//
+// Contract: see fp4kit/moe.h. One pass per 64 tokens, five launches per pass, all stream-ordered and
+// sized on the host from shapes only (CUDA-graph safe):
+//   1. align      one CTA: counts per expert, sorted-row offsets, the active-expert list, for every
+//                 (token, slot) pair its sorted row, and for every sorted row its token. Rows of one expert
+//                 are in arrival order (atomics): the order does not change any value, since every row of
+//                 a GEMM is computed independently and the final sum runs over slots in slot order.
+//   2. gate_up    the decode kernel in grouped mode (decode_gemm.cuh): stream-K over the active experts'
+//                 (row group, K slice) units only, read from the device, so every SM streams and each
+//                 touched expert's weights are read once. X rows are gathered through the sorted rows.
+//   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out).
+//   4. down       grouped again over the same schedule, X = the activations in sorted order.
+//   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fp4kit/moe.h"
+#include "fp4kit/repack.h"
+#include "kernels/decode_gemm.cuh"
+#include "repack_common.h"
+
+namespace fp4kit {
+namespace {
+
+constexpr int kPassTokens = 64;   // tokens per pass: the grouped kernels serve m <= 64 per expert
+constexpr int kAlignThreads = 1024;
+
+using kernels::GroupedSchedule;
+using detail::check_shape;
+using detail::str;
+
+// ---- 1. align --------------------------------------------------------------------------------------
+// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E] | cursor[E] | row_of_pair[P]
+// | token_of_row[P].
+struct AlignBufs {
+  int* n_active;
+  int* offset;
+  int* active;
+  int* cursor;
+  int* row_of_pair;
+  int* token_of_row;
+};
+
+// A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
+// duplicate would give one expert more rows than tokens; like a bad id, it makes the token's output NaN).
+__device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int experts) {
+  const int e = ids[i];
+  if (e < 0 || e >= experts) return false;
+  for (int j = i - i % top_k; j < i; ++j)
+    if (ids[j] == e) return false;
+  return true;
+}
+
+__global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
+                                                                   AlignBufs b) {
+  extern __shared__ int s_count[];  // [experts]
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x)
+    if (routed(ids, i, top_k, experts)) atomicAdd(&s_count[ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // E is at most a few hundred: one serial pass is shorter than a parallel scan's barriers. The active
+    // list is ascending, so the stream-K split of each expert (and with it every sum) is the same on
+    // every call with the same routing.
+    int run = 0, n = 0;
+    for (int e = 0; e < experts; ++e) {
+      b.offset[e] = run;
+      b.cursor[e] = run;
+      run += s_count[e];
+      if (s_count[e] > 0) b.active[n++] = e;
+    }
+    b.offset[experts] = run;
+    *b.n_active = n;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    int row = -1;
+    if (routed(ids, i, top_k, experts)) {
+      row = atomicAdd(&b.cursor[ids[i]], 1);  // arrival order within an expert: no value depends on it
+      b.token_of_row[row] = i / top_k;
+    }
+    b.row_of_pair[i] = row;
+  }
+}
+
+// ---- 3. activation ---------------------------------------------------------------------------------
+__global__ void moe_activation_kernel(const __nv_bfloat16* h, __nv_bfloat16* a, const int* n_rows, int inter,
+                                      MoEActivation act, GateUpLayout layout, float alpha, float limit) {
+  const int rows = *n_rows;
+  const int64_t total = int64_t(rows) * inter;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / inter;
+    const int i = int(idx % inter);
+    const __nv_bfloat16* hr = h + r * 2 * inter;
+    float g, u;
+    if (layout == GateUpLayout::kInterleaved) {
+      g = __bfloat162float(hr[2 * i]);
+      u = __bfloat162float(hr[2 * i + 1]);
+    } else {
+      g = __bfloat162float(hr[i]);
+      u = __bfloat162float(hr[inter + i]);
+    }
+    float v;
+    if (act == MoEActivation::kSwigluOAI) {
+      g = fminf(g, limit);
+      u = fminf(fmaxf(u, -limit), limit);
+      v = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+    } else {
+      v = g / (1.0f + expf(-g)) * u;
+    }
+    a[idx] = __float2bfloat16_rn(v);
+  }
+}
+
+// ---- 5. combine ------------------------------------------------------------------------------------
+__global__ void moe_combine_kernel(const __nv_bfloat16* o, const int* row_of_pair, const float* weights, int tokens,
+                                   int top_k, int hidden, __nv_bfloat16* y) {
+  const int64_t total = int64_t(tokens) * hidden;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(idx / hidden), c = int(idx % hidden);
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int row = row_of_pair[t * top_k + j];
+      acc += row < 0 ? NAN : weights[t * top_k + j] * __bfloat162float(o[int64_t(row) * hidden + c]);
+    }
+    y[idx] = __float2bfloat16_rn(acc);
+  }
+}
+
+// ---- the grouped GEMM kernels ----------------------------------------------------------------------
+// BF16 activations; one config per token bucket (the dense table's defaults for small layers).
+using GroupedFn = void (*)(const kernels::DecodeParams);
+struct GroupedCfg {
+  int n_tiles, row_tiles, warps;
+};
+template <Format F>
+GroupedFn grouped_kernel(int n_tiles) {
+  using T = __nv_bfloat16;
+  switch (n_tiles) {
+    case 1: return &kernels::decode_gemm_kernel<F, T, 1, 1, 8, 3, 8, 1, true>;
+    case 2: return &kernels::decode_gemm_kernel<F, T, 2, 1, 8, 2, 4, 2, true>;
+    case 4: return &kernels::decode_gemm_kernel<F, T, 4, 2, 8, 2, 2, 2, true>;
+    default: return &kernels::decode_gemm_kernel<F, T, 8, 2, 8, 1, 4, 2, true>;
+  }
+}
+GroupedCfg grouped_cfg(int n_tiles) {
+  switch (n_tiles) {
+    case 1: return {1, 1, 8};
+    case 2: return {2, 1, 8};
+    case 4: return {4, 2, 8};
+    default: return {8, 2, 8};
+  }
+}
+int n_tiles_for(int64_t tokens) {
+  const int64_t t = std::min<int64_t>(tokens, kPassTokens);
+  return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
+}
+
+struct Resident {
+  std::mutex mu;
+  std::vector<std::pair<std::pair<int, GroupedFn>, int>> cache;  // (device, kernel) -> CTAs per SM
+};
+Resident g_resident;
+
+Status resident_ctas(GroupedFn fn, int threads, int smem, int* ctas) {
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(Code::kCudaError, std::string("device: no usable CUDA device (") + cudaGetErrorString(e) + ")");
+  }
+  std::lock_guard<std::mutex> lock(g_resident.mu);
+  for (auto& kv : g_resident.cache)
+    if (kv.first.first == dev && kv.first.second == fn) {
+      *ctas = kv.second * sms;
+      return Status::Ok();
+    }
+  int per_sm = 0;
+  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem));
+  if (e != cudaSuccess || per_sm < 1)
+    return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
+                                        (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
+  g_resident.cache.push_back({{dev, fn}, per_sm});
+  *ctas = per_sm * sms;
+  return Status::Ok();
+}
+
+int x_smem_bytes(int n_tiles) {
+  switch (n_tiles) {
+    case 1: return kernels::x_stage_bytes<1>();
+    case 2: return kernels::x_stage_bytes<2>();
+    case 4: return kernels::x_stage_bytes<4>();
+    default: return kernels::x_stage_bytes<8>();
+  }
+}
+
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+// One grouped GEMM's launch plan (shapes only).
+struct GroupedPlan {
+  GroupedFn fn = nullptr;
+  GroupedCfg cfg{};
+  PackedLayout layout;
+  int row_groups = 0;
+  int grid = 0;
+  int smem = 0;
+  size_t slot_bytes = 0;  // partial tile of one CTA
+};
+
+Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, GroupedPlan* out) {
+  GroupedPlan p;
+  p.fn = w.format == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4>(n_tiles) : grouped_kernel<Format::kMXFP4>(n_tiles);
+  p.cfg = grouped_cfg(n_tiles);
+  FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &p.layout));
+  const int64_t rows_per_group = int64_t(p.cfg.warps) * p.cfg.row_tiles;
+  p.row_groups = int((p.layout.row_tiles + rows_per_group - 1) / rows_per_group);
+  p.smem = x_smem_bytes(n_tiles);
+  int resident = 0;
+  FP4KIT_RETURN_IF_ERROR(resident_ctas(p.fn, p.cfg.warps * 32, p.smem, &resident));
+  const int64_t max_units = int64_t(max_active) * p.row_groups * p.layout.k_macros;
+  p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, resident)));
+  p.slot_bytes = size_t(p.cfg.warps) * p.cfg.row_tiles * p.cfg.n_tiles * 4 * 32 * sizeof(float);
+  *out = p;
+  return Status::Ok();
+}
+
+// Workspace layout for one pass of up to kPassTokens tokens (reused by every pass, stream-ordered).
+struct MoEPlan {
+  int pass_tokens = 0, pairs = 0, max_active = 0, n_tiles = 0;
+  GroupedPlan gu, dn;
+  size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
+  size_t counters_bytes = 0;
+};
+
+Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
+  MoEPlan p;
+  p.pass_tokens = int(std::min<int64_t>(a.tokens, kPassTokens));
+  p.pairs = p.pass_tokens * a.top_k;
+  p.max_active = std::min(a.num_experts, p.pairs);
+  p.n_tiles = n_tiles_for(a.tokens);
+  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, p.n_tiles, &p.gu));
+  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, p.n_tiles, &p.dn));
+  const size_t ints = 1 + size_t(a.num_experts + 1) + 2 * size_t(a.num_experts) + 2 * size_t(p.pairs);
+  size_t off = 0;
+  p.ints_off = off;
+  off = align256(off + ints * sizeof(int));
+  p.h_off = off;
+  off = align256(off + size_t(p.pairs) * 2 * a.inter * 2);
+  p.a_off = off;
+  off = align256(off + size_t(p.pairs) * a.inter * 2);
+  p.o_off = off;
+  off = align256(off + size_t(p.pairs) * a.hidden * 2);
+  p.counters_off = off;
+  p.counters_bytes = align256(size_t(p.max_active) * std::max(p.gu.row_groups, p.dn.row_groups) * sizeof(int));
+  off += p.counters_bytes;
+  p.partials_off = off;
+  off += std::max(size_t(p.gu.grid) * 2 * p.gu.slot_bytes, size_t(p.dn.grid) * 2 * p.dn.slot_bytes);
+  p.total = align256(off);
+  *out = p;
+  return Status::Ok();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+Status check_expert_shape(const ExpertWeights& w, const std::string& nm, int64_t n, int64_t k, Format format) {
+  if (w.format != format) return Status::Invalid(nm + ".format: both expert sets must have the same format");
+  if (w.n != n || w.k != k)
+    return Status::Invalid(nm + ": shape must be [" + str(n) + ", " + str(k) + "] per expert (got [" + str(w.n) +
+                           ", " + str(w.k) + "])");
+  return check_shape(w.format, w.n, w.k);
+}
+
+Status check_expert_data(const ExpertWeights& w, const std::string& nm) {
+  if (!w.data) return Status::Invalid(nm + ".data: must not be null (stack the prepacked experts first)");
+  if (reinterpret_cast<uintptr_t>(w.data) % 256 != 0) return Status::Invalid(nm + ".data: must be 256-byte aligned");
+  PackedLayout l;
+  FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
+  if (w.stride % 256 != 0 || w.stride < l.total_bytes)
+    return Status::Invalid(nm + ".stride: must be a multiple of 256 and >= " + std::to_string(l.total_bytes) +
+                           " (the prepacked size; got " + std::to_string(w.stride) + ")");
+  if (w.bias && reinterpret_cast<uintptr_t>(w.bias) % 2 != 0) return Status::Invalid(nm + ".bias: must be 2-byte aligned");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status moe_validate(const MoEArgs& a) {
+  if (a.tokens < 1) return Status::Invalid("tokens: must be >= 1 (got " + str(a.tokens) + ")");
+  if (a.tokens > INT32_MAX / 64) return Status::Invalid("tokens: must be < 2^25 (got " + str(a.tokens) + ")");
+  if (a.num_experts < 1 || a.num_experts > 4096)
+    return Status::Invalid("num_experts: must be in [1, 4096] (got " + std::to_string(a.num_experts) + ")");
+  if (a.top_k < 1 || a.top_k > a.num_experts)
+    return Status::Invalid("top_k: must be in [1, num_experts = " + std::to_string(a.num_experts) + "] (got " +
+                           std::to_string(a.top_k) + ")");
+  if (a.act != DType::kBF16)
+    return Status::Unsupported(std::string("act: the MoE op supports bfloat16 activations (got ") + dtype_name(a.act) + ")");
+  if (a.hidden < 1 || a.inter < 1)
+    return Status::Invalid("hidden, inter: must be >= 1 (got " + str(a.hidden) + ", " + str(a.inter) + ")");
+  if (a.hidden % 8 != 0 || a.inter % 8 != 0)
+    return Status::Invalid("hidden, inter: must be multiples of 8 (16-byte rows; got " + str(a.hidden) + ", " +
+                           str(a.inter) + ")");
+  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up.format));
+  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up.format));
+  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.gate_up, "gate_up"));
+  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.down, "down"));
+  if (a.activation != MoEActivation::kSiluAndMul && a.activation != MoEActivation::kSwigluOAI)
+    return Status::Invalid("activation: must be silu_and_mul or swiglu_oai");
+  if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
+    return Status::Invalid("layout: must be concatenated or interleaved");
+  if (!(a.limit > 0.0f) || !std::isfinite(a.alpha)) return Status::Invalid("alpha, limit: must be finite, limit > 0");
+  if (!a.x || !aligned16(a.x)) return Status::Invalid("x: must be a non-null, 16-byte aligned pointer");
+  if (!a.y || !aligned16(a.y)) return Status::Invalid("y: must be a non-null, 16-byte aligned pointer");
+  if (!a.topk_ids) return Status::Invalid("topk_ids: must not be null");
+  if (!a.topk_weights) return Status::Invalid("topk_weights: must not be null");
+  const char* xb = static_cast<const char*>(a.x);
+  const char* yb = static_cast<const char*>(a.y);
+  const int64_t bytes = a.tokens * a.hidden * 2;
+  if (xb < yb + bytes && yb < xb + bytes) return Status::Invalid("y: must not overlap x");
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(make_moe_plan(a, &plan));
+  if (!a.workspace || !aligned16(a.workspace))
+    return Status::Invalid("workspace: must be a non-null, 16-byte aligned pointer (" + std::to_string(plan.total) +
+                           " bytes, see moe_workspace_bytes)");
+  if (a.workspace_bytes < plan.total)
+    return Status::Invalid("workspace_bytes: must be >= " + std::to_string(plan.total) + " (got " +
+                           std::to_string(a.workspace_bytes) + ")");
+  return Status::Ok();
+}
+
+Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
+  if (!bytes) return Status::Invalid("bytes: must not be null");
+  MoEArgs probe = a;  // the size depends on shapes only
+  if (probe.tokens < 1) return Status::Invalid("tokens: must be >= 1 (got " + str(a.tokens) + ")");
+  if (probe.num_experts < 1 || probe.top_k < 1 || probe.top_k > probe.num_experts)
+    return Status::Invalid("num_experts, top_k: need 1 <= top_k <= num_experts");
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(make_moe_plan(probe, &plan));
+  *bytes = plan.total;
+  return Status::Ok();
+}
+
+Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
+  FP4KIT_RETURN_IF_ERROR(moe_validate(a));
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(make_moe_plan(a, &plan));
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  const int E = a.num_experts;
+  int* ints = reinterpret_cast<int*>(ws + plan.ints_off);
+  AlignBufs b;
+  b.n_active = ints;
+  b.offset = ints + 1;
+  b.active = b.offset + E + 1;
+  b.cursor = b.active + E;
+  b.row_of_pair = b.cursor + E;
+  b.token_of_row = b.row_of_pair + plan.pairs;
+  auto* h = reinterpret_cast<__nv_bfloat16*>(ws + plan.h_off);
+  auto* act = reinterpret_cast<__nv_bfloat16*>(ws + plan.a_off);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(ws + plan.o_off);
+  int* counters = reinterpret_cast<int*>(ws + plan.counters_off);
+  float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
+
+  auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
+    kernels::DecodeParams p{};
+    p.x = x;
+    p.y = y;
+    p.n = int(w.n);
+    p.k = int(w.k);
+    p.row_tiles = int(gp.layout.row_tiles);
+    p.k_chunks = int(gp.layout.k_chunks);
+    p.k_macros = int(gp.layout.k_macros);
+    p.row_groups = gp.row_groups;
+    p.units = 0;  // grouped: n_active * row_groups * k_macros, read on the device
+    p.counters = counters;
+    p.partials = partials;
+    GroupedSchedule& s = p.grouped;
+    s.n_active = b.n_active;
+    s.active = b.active;
+    s.offset = b.offset;
+    s.x_rows = x_rows;
+    s.base = static_cast<const uint8_t*>(w.data);
+    s.stride = w.stride;
+    s.weights_offset = gp.layout.weights_offset;
+    s.scales_offset = gp.layout.scales_offset;
+    s.out_scale_offset = gp.layout.out_scale_offset;
+    s.bias = w.bias;
+    gp.fn<<<gp.grid, gp.cfg.warps * 32, gp.smem, stream>>>(p);
+  };
+  int sms = 0, dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int ew_blocks = std::max(1, sms) * 4;  // element-wise kernels: grid-stride loops
+
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
+    const int tokens = int(std::min<int64_t>(kPassTokens, a.tokens - t0));
+    const int pairs = tokens * a.top_k;
+    const auto* x = static_cast<const __nv_bfloat16*>(a.x) + t0 * a.hidden;
+    auto* y = static_cast<__nv_bfloat16*>(a.y) + t0 * a.hidden;
+    moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b);
+    launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
+    moe_activation_kernel<<<ew_blocks, 256, 0, stream>>>(h, act, b.offset + E, int(a.inter), a.activation, a.layout,
+                                                        a.alpha, a.limit);
+    launch_grouped(plan.dn, a.down, act, nullptr, o);
+    moe_combine_kernel<<<ew_blocks, 256, 0, stream>>>(o, b.row_of_pair, a.topk_weights + t0 * a.top_k, tokens, a.top_k,
+                                                     int(a.hidden), y);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return Status(Code::kCudaError, std::string("fused_moe launch: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+}  // namespace fp4kit
