@@ -379,9 +379,13 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
-  const int64_t G = gridDim.x, b = blockIdx.x;
   int64_t units = p.units;
   if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
+  // The host sizes the grid to at most `units` (dense); grouped grids are sized for the most experts a
+  // call can touch, so CTAs past the actual unit count leave, and the others split the units among
+  // themselves (every range non-empty, which the fixup's arrival count relies on).
+  const int64_t G = min(int64_t(gridDim.x), units), b = blockIdx.x;
+  if (b >= G) return;
   const int64_t u_begin = b * units / G, u_end = (b + 1) * units / G;
   const int first_rg = int(u_begin / p.k_macros);
 

@@ -1,0 +1,141 @@
+// bench_common.cuh: what fp4kit's benchmark tools share: error macros, reproducible random device data
+// (never zeros), and the timing method (CUDA graphs of several calls, median of replays; eager per call).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "fp4kit/formats.h"
+#include "fp4kit/status.h"
+
+namespace fp4bench {
+using namespace fp4kit;
+
+#define CK(expr)                                                                                   \
+  do {                                                                                             \
+    cudaError_t _e = (expr);                                                                       \
+    if (_e != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e));   \
+      std::exit(2);                                                                                \
+    }                                                                                              \
+  } while (0)
+#define CKS(expr)                                                                                  \
+  do {                                                                                             \
+    Status _st = (expr);                                                                           \
+    if (!_st.ok()) {                                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, _st.message().c_str());    \
+      std::exit(2);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+
+// ---- random device data (a counter-based hash: reproducible, never zeros) -------------------------
+__device__ uint32_t hash32(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 31;
+  return uint32_t(x);
+}
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(hash32(i, seed));
+}
+__global__ void fill_scales(uint8_t* p, size_t n, uint32_t seed, int nvfp4) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = hash32(i, seed);
+    p[i] = nvfp4 ? uint8_t(0x30 + h % 0x18) : uint8_t(120 + h % 8);  // E4M3 0.5..~6, E8M0 2^-7..2^0
+  }
+}
+// Activations and BF16/FP16 weights: small values in [-1, 1] (never zero), in the 16-bit dtype T.
+template <typename T>
+__global__ void fill_act(T* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = T(float(int(hash32(i, seed) % 2001) - 1000) * 1e-3f + 1e-4f);
+}
+// Spec dequantization (formats.h) to BF16, for the cuBLAS check GEMM.
+__global__ void dequant_bf16(Format f, const uint8_t* packed, const uint8_t* scales, const float* ts, int64_t n,
+                             int64_t k, __nv_bfloat16* out) {
+  const int g = f == Format::kNVFP4 ? 16 : 32;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * k; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / k, c = i % k;
+    const uint8_t b = packed[r * (k / 2) + c / 2];
+    const uint8_t code = (c & 1) ? uint8_t(b >> 4) : uint8_t(b & 0xF);
+    out[i] = __float2bfloat16(dequant_element(f, code, scales[r * (k / g) + c / g], ts ? *ts : 1.0f));
+  }
+}
+
+template <typename K, typename... A>
+void launch_fill(K kernel, A... args) {
+  kernel<<<1024, 256>>>(args...);
+  CK(cudaGetLastError());
+}
+
+// Fill a 16-bit buffer of the benchmark's activation dtype.
+void fill16(void* p, size_t n, uint32_t seed, bool bf16) {
+  if (bf16) launch_fill(fill_act<__nv_bfloat16>, static_cast<__nv_bfloat16*>(p), n, seed);
+  else launch_fill(fill_act<__half>, static_cast<__half*>(p), n, seed);
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Time `calls` invocations of fn(i) captured in one graph; returns per-call us (median of replays).
+template <typename Fn>
+double graph_time_us(cudaStream_t s, int calls, int replays, Fn fn) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(i);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, s));
+  std::vector<float> t;
+  for (int r = 0; r < replays; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t) * 1000.0 / calls;
+}
+
+// Eager per-call time: each call between its own events.
+template <typename Fn>
+double eager_time_us(cudaStream_t s, int copies, int iters, Fn fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int w = 0; w < 3; ++w) fn(w % copies);
+  std::vector<float> t;
+  for (int r = 0; r < iters; ++r) {
+    CK(cudaEventRecord(a, s));
+    fn(r % copies);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t) * 1000.0;
+}
+
+}  // namespace fp4bench
