@@ -2,6 +2,7 @@
 """Turn fp4kit-bench JSON into the summary table, the README performance table and PNG plots.
 
     tools/report.py bench/results/decode_*.json [--summary] [--readme README.md] [--plot DIR]
+    tools/report.py bench/results/moe.json [--summary] [--readme README.md] [--plot DIR]   (fp4kit-bench-moe)
 
 Every number comes from the JSON files; nothing is typed in by hand.
 """
@@ -82,9 +83,52 @@ def readme_table(runs):
     return "\n".join(out)
 
 
-def update_readme(path, table):
+def moe_table(runs):
+    """fp4kit-bench-moe runs: one row per (model, format, T)."""
+    out = []
+    for d in runs:
+        out.append(f"**fused MoE** on {d['device']}, commit `{d['commit']}`, {d['date']} (`{Path(d['_path']).as_posix()}`). "
+                   f"{d['method']}.")
+        out.append("")
+        out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s |")
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+        for r in d["rows"]:
+            out.append(f"| {r['model']} | {r['E']} / {r['top_k']} | {r['H']} x {r['I']} | {r['format']} | {r['T']} | "
+                       f"{r['us']:.1f} | {r['touched_experts']:.1f} | {r['weight_tbps']:.2f} | "
+                       f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def moe_plot(runs, outdir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for d in runs:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for model in dict.fromkeys(r["model"] for r in d["rows"]):
+            for fmt, style in (("mxfp4", "-o"), ("nvfp4", "--s")):
+                sel = sorted((r for r in d["rows"] if r["model"] == model and r["format"] == fmt), key=lambda r: r["T"])
+                if sel:
+                    ax.plot([r["T"] for r in sel], [100 * r["roofline_frac"] for r in sel], style, label=f"{model} {fmt}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("touched expert bytes / time, % of 4.25 TB/s")
+        ax.set_title(f"fused MoE, {d['device']} ({d['commit']})")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = outdir / "moe_roofline.png"
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        print(f"wrote {out}")
+
+
+def update_readme(path, table, marker="perf-table"):
     text = Path(path).read_text()
-    b, e = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+    b, e = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     if b not in text or e not in text:
         sys.exit(f"{path}: markers {b} / {e} not found")
     head, rest = text.split(b, 1)
@@ -130,12 +174,23 @@ def main():
     ap.add_argument("--plot")
     a = ap.parse_args()
     runs = load(a.json)
+    moe = [d for d in runs if d.get("tool") == "fp4kit-bench-moe"]
+    runs = [d for d in runs if d.get("tool") != "fp4kit-bench-moe"]
     if a.summary:
-        print(summary(runs))
+        if runs:
+            print(summary(runs))
+        if moe:
+            print(moe_table(moe))
     if a.readme:
-        update_readme(a.readme, readme_table(runs))
+        if runs:
+            update_readme(a.readme, readme_table(runs))
+        if moe:
+            update_readme(a.readme, moe_table(moe), "moe-table")
     if a.plot:
-        plot(runs, a.plot)
+        if runs:
+            plot(runs, a.plot)
+        if moe:
+            moe_plot(moe, a.plot)
 
 
 if __name__ == "__main__":
