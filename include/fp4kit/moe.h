@@ -14,8 +14,8 @@
 //     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act`.
 //   - The h and a intermediates are rounded to `act` (as an unfused BF16 layer would); o_tj is rounded to
 //     `act` before the fp32 weighted sum.
-//   - An id outside [0, E) cannot be reported without a host synchronisation: that token's output row is
-//     NaN (every other token is computed normally).
+//   - An id outside [0, E), or an id a token lists twice, cannot be reported without a host
+//     synchronisation: that token's output row is NaN (every other token is computed normally).
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
 //   - T up to 64 per internal pass; larger T runs in passes of 64 tokens (correct, not yet fast: the
