@@ -59,8 +59,11 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
 }
 
 __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
-                                                                   AlignBufs b) {
+                                                                   AlignBufs b, int* counters, int n_counters) {
   extern __shared__ int s_count[];  // [experts]
+  // The grouped GEMMs' arrival counters start at zero whatever the workspace held before (they leave
+  // them zeroed too): the workspace needs no initialisation, and calls of other shapes may share it.
+  for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < pairs; i += blockDim.x)
@@ -405,7 +408,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int pairs = tokens * a.top_k;
     const auto* x = static_cast<const __nv_bfloat16*>(a.x) + t0 * a.hidden;
     auto* y = static_cast<__nv_bfloat16*>(a.y) + t0 * a.hidden;
-    moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b);
+    moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b,
+                                                                    counters, int(plan.counters_bytes / sizeof(int)));
     launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
     moe_activation_kernel<<<ew_blocks, 256, 0, stream>>>(h, act, b.offset + E, int(a.inter), a.activation, a.layout,
                                                         a.alpha, a.limit);

@@ -20,7 +20,8 @@
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
 //   - T up to 64 per internal pass; larger T runs in passes of 64 tokens (correct, not yet fast: the
 //     prefill path for MoE is future work).
-//   - workspace: moe_workspace_bytes() bytes, zero-filled once before first use (left zeroed).
+//   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
+//     (the call clears what it relies on). One workspace per stream.
 #pragma once
 #include <cstddef>
 #include <cstdint>

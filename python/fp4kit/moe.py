@@ -455,8 +455,9 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     CUDA: the fused kernels on the current stream; no host synchronisation and no allocation other than Y (and
     the zero-filled workspace, once per stream), so it can be captured in a CUDA graph and compiled with
     torch.compile(fullgraph=True). The h and activation intermediates and each expert's output are rounded to
-    bfloat16 (as unfused bfloat16 layers would). A token with an expert id outside [0, E) gets a NaN row; the
-    other tokens are unaffected. CPU: moe_reference on the dequantized experts (same rules, same errors).
+    bfloat16 (as unfused bfloat16 layers would). A token with an expert id outside [0, E), or with one expert in
+    two of its slots, gets a NaN row (reporting it would need a host synchronisation); the other tokens are
+    unaffected. CPU: moe_reference on the dequantized experts (same rules, same errors, same NaN rows).
     Bad arguments raise TypeError (type, dtype) or ValueError (shape, device, value) naming the argument."""
     from . import ops as _ops  # noqa: F401  (registers torch.ops.fp4kit)
     return torch.ops.fp4kit.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation,

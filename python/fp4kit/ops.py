@@ -18,15 +18,16 @@ can be checked on a machine without a GPU.
 expert weights are the stacked buffers of fp4kit.moe.stack_experts, and its CPU implementation is
 fp4kit.moe.moe_reference on the dequantized experts.
 
-The GEMM's (and the MoE layer's) scratch workspace is managed inside the CUDA implementation (like cuBLAS's): one zero-filled
-buffer per (device, stream) in eager mode, a fresh one per call while a CUDA graph is being captured, so
-captured graphs never share scratch memory with eager calls.
+The scratch workspaces of the GEMM and of the MoE layer are managed inside the CUDA implementations (like
+cuBLAS's): in eager mode one buffer per (device, stream) for each op (the GEMM's zero-filled; the MoE layer's
+needs no initialisation: see _moe_workspace), and a fresh one per call while a CUDA graph is being captured, so captured graphs never
+share scratch memory with eager calls.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -207,7 +208,7 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
         if stride < need:
             raise ValueError(f"{name}: each expert's row must hold packed_layout({format!r}, {n}, {kk})"
                              f"[\"total_bytes\"] = {need} bytes (got shape {tuple(buf.shape)}); "
-                             f"stacked for another format, H or I?")
+                             "stacked for another format, H or I?")
         if stride % moe.STACK_ALIGN:
             raise ValueError(f"{name}: row stride must be a multiple of {moe.STACK_ALIGN} bytes "
                              f"(got {stride}); build it with fp4kit.moe.stack_experts")
@@ -235,8 +236,12 @@ def _fused_moe_cpu(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, 
     if t == 0:
         return x.new_empty((0, h))
     ids = topk_ids.long()
-    valid = (ids >= 0) & (ids < e)
-    ids = torch.where(valid, ids, torch.zeros_like(ids))  # computed, then overwritten with NaN below
+    # A token is computed when each of its ids is in [0, E) and no expert appears in two of its slots (the
+    # kernels give one expert at most one row per token); any other token's row is NaN, as on the GPU.
+    in_range = (ids >= 0) & (ids < e)
+    repeated = torch.tril(ids[:, :, None] == ids[:, None, :], diagonal=-1).any(dim=2)
+    valid = in_range & ~repeated
+    ids = torch.where(in_range, ids, torch.zeros_like(ids))  # computed, then overwritten with NaN below
     used = set(torch.unique(ids).tolist())
     # Experts nobody routed to are never read: a zero-stride stand-in of the right shape keeps their place.
     wgu = [dequantize_packed(w_gate_up[i], format, 2 * inter, h) if i in used
@@ -259,6 +264,24 @@ def _moe_ws_bytes(device_index: int, t: int, h: int, inter: int, e: int, k: int,
                                       layout)
 
 
+# The MoE layer's workspace: scratch the C++ op initialises itself (it clears its counters at the start), so
+# one buffer per (device, stream) serves every shape in eager mode (grown, never shrunk, the old one released
+# stream-ordered), kept apart from the GEMM's (which must stay zeroed between calls). While a CUDA graph is
+# being captured, a fresh buffer from the graph's pool.
+_moe_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _moe_workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    slot = (device.index, stream)
+    ws = _moe_workspaces.get(slot)
+    if ws is None or ws.numel() < nbytes:
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _moe_workspaces[slot] = ws
+    return ws
+
+
 def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
                     b_gate_up=None, b_down=None, alpha=1.702, limit=7.0):
     t, h, e, k = _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
@@ -270,7 +293,7 @@ def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter,
     gu_stride, d_stride = int(w_gate_up.shape[1]), int(w_down.shape[1])
     stream = torch_ops._stream(dev)
     ws_bytes = _moe_ws_bytes(dev.index, t, h, inter, e, k, format, gu_stride, d_stride, activation, layout)
-    ws = torch_ops._workspace(dev, stream, ws_bytes) if ws_bytes else None
+    ws = _moe_workspace(dev, stream, ws_bytes) if ws_bytes else None
     args = (t, h, inter, e, k, "bfloat16", x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), format,
             w_gate_up.data_ptr(), gu_stride, b_gate_up.data_ptr() if b_gate_up is not None else 0,
             w_down.data_ptr(), d_stride, b_down.data_ptr() if b_down is not None else 0, activation, layout,

@@ -1,0 +1,515 @@
+"""torch.ops.fp4kit.fused_moe, fp4kit.moe.stack_experts and the fused_moe wrappers.
+
+CPU part (needs torch only): stack_experts' layout and round trip, the CPU op against fp4kit.moe.moe_reference,
+out-of-range and repeated ids, opcheck, torch.compile, argument errors, the eager workspace rule, `import fp4kit`
+without torch. GPU part (needs a CUDA device): the fused kernels against moe_reference on the same dequantized
+experts (rel-L2 < 1e-2, bf16 out) over formats, activations, gate/up layouts, biases, routing modes and edge-case
+routings, T up to 100 (passes of 64 tokens), top-k 1..8, E 8..64 with H and I not multiples of 64; NaN rows for
+bad or repeated ids, determinism, workspace reuse across shapes and GEMMs, CUDA-graph replay with changing
+routings, torch.compile and opcheck. Skips say why.
+"""
+import math
+import subprocess
+import sys
+
+import pytest
+
+import fp4kit
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'fp4kit[torch]')")
+import fp4kit.ops  # noqa: E402,F401  (registers torch.ops.fp4kit)
+from fp4kit import moe  # noqa: E402
+from fp4kit.ops import dequantize_packed  # noqa: E402
+from fp4kit.weights import FP4Weight, fuse  # noqa: E402
+from torch.library import opcheck  # noqa: E402
+
+_GPU = torch.cuda.is_available() and fp4kit.cuda_device_count() > 0
+needs_gpu = pytest.mark.skipif(not _GPU, reason="no CUDA device visible to torch and fp4kit")
+
+FORMATS = ["nvfp4", "mxfp4"]
+H, I = 160, 96  # multiples of 32 (MXFP4 groups along K), not of 64
+
+
+def _rel_l2(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
+
+
+class Layer:
+    """E random experts (FP4Weight on the CPU, the reference's input) and their stacked buffers on `device`."""
+
+    def __init__(self, fmt, e, h, i, seed, device="cpu", bias=False, scale_gate_up=1.0, split_gate_up=False):
+        g = torch.Generator().manual_seed(seed)
+        self.fmt, self.e, self.h, self.i = fmt, e, h, i
+        wgu = [torch.randn(2 * i, h, generator=g) * scale_gate_up / math.sqrt(h) for _ in range(e)]
+        wd = [torch.randn(h, i, generator=g) / math.sqrt(i) for _ in range(e)]
+        if split_gate_up:  # NVFP4 gate and up with different tensor scales, fused with per-row scales
+            self.wgu = [fuse([FP4Weight.from_float(w[:i] * 4.0, fmt), FP4Weight.from_float(w[i:], fmt)]) for w in wgu]
+        else:
+            self.wgu = [FP4Weight.from_float(w, fmt) for w in wgu]
+        self.wd = [FP4Weight.from_float(w, fmt) for w in wd]
+        self.bgu = self.bd = None
+        if bias:
+            self.bgu = (torch.randn(e, 2 * i, generator=g) * 0.5).bfloat16().to(device)
+            self.bd = (torch.randn(e, h, generator=g) * 0.1).bfloat16().to(device)
+        self.a = moe.stack_experts(self.wgu, device)
+        self.b = moe.stack_experts(self.wd, device)
+
+    def run(self, x, ids, wts, activation="silu", layout="concatenated"):
+        return moe.fused_moe(x, ids, wts, self.a, self.b, self.fmt, self.i, activation, layout, self.bgu, self.bd)
+
+    def reference(self, x, ids, wts, activation="silu", layout="concatenated"):
+        cpu = lambda v: None if v is None else v.cpu()  # noqa: E731
+        return moe.moe_reference(x.cpu(), ids.cpu(), wts.cpu(), self.wgu, self.wd, cpu(self.bgu), cpu(self.bd),
+                                 activation, layout)
+
+
+def _distinct_ids(t, e, k, g, boost=None):
+    """Random ids [t, k], int32, k distinct experts per token; boost {expert: (fraction of tokens, amount)} makes
+    those experts likely (skewed routing)."""
+    scores = torch.rand(t, e, generator=g)
+    for ex, (frac, amount) in (boost or {}).items():
+        scores[torch.rand(t, generator=g) < frac, ex] += amount
+    return torch.sort(scores, dim=1, descending=True).indices[:, :k].to(torch.int32).contiguous()
+
+
+def _inputs(t, e, k, h, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).bfloat16()
+    ids, wts = moe.route_softmax_topk(torch.randn(t, e, generator=g), k, True)
+    return x.to(device), ids.contiguous().to(device), wts.contiguous().to(device)
+
+
+# ---- stack_experts ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("arrays", ["numpy", "torch"])
+def test_stack_experts_layout_and_round_trip(fmt, arrays):
+    e, n, k = 3, 2 * I, H
+    g = torch.Generator().manual_seed(1)
+    ws = []
+    for _ in range(e):
+        w = torch.randn(n, k, generator=g)
+        if arrays == "numpy":
+            p, s, ts = fp4kit.quantize(w.numpy(), fmt)
+            ws.append(FP4Weight(fmt, p, s, ts if fmt == "nvfp4" else None))
+        elif fmt == "nvfp4":  # per-row tensor scales: gate and up quantized separately
+            ws.append(fuse([FP4Weight.from_float(w[:I] * 3.0, fmt), FP4Weight.from_float(w[I:], fmt)]))
+        else:
+            ws.append(FP4Weight.from_float(w, fmt))
+    st = moe.stack_experts(ws)
+    total = fp4kit.packed_layout(fmt, n, k)["total_bytes"]
+    stride = int(st.shape[1])
+    assert st.dtype == torch.uint8 and st.device.type == "cpu" and st.is_contiguous()
+    assert tuple(st.shape) == (e, stride) and stride % 256 == 0 and total <= stride < total + 256
+    assert not st[:, total:].any()  # zero-filled padding
+    for i, w in enumerate(ws):
+        assert w.prepacked is None  # the FP4Weights are not modified
+        assert torch.equal(st[i, :total], w.to("cpu").prepack().prepacked)  # the single-weight prepack, byte for byte
+        want = w.dequantize()
+        want = want if isinstance(want, torch.Tensor) else torch.from_numpy(want)
+        assert torch.equal(dequantize_packed(st[i], fmt, n, k), want)
+
+
+def test_stack_experts_errors():
+    a = FP4Weight.from_float(torch.randn(32, 64), "nvfp4")
+    with pytest.raises(ValueError, match="weights: need at least one expert"):
+        moe.stack_experts([])
+    with pytest.raises(TypeError, match="weights: must be a sequence of FP4Weight"):
+        moe.stack_experts(a)
+    with pytest.raises(TypeError, match=r"weights\[1\]: must be an FP4Weight \(got Tensor\)"):
+        moe.stack_experts([a, torch.zeros(3)])
+    with pytest.raises(ValueError, match=r"weights\[1\]: format mxfp4 differs from weights\[0\]'s nvfp4; the experts "
+                                         "of one stack must share format and shape"):
+        moe.stack_experts([a, FP4Weight.from_float(torch.randn(32, 64), "mxfp4")])
+    with pytest.raises(ValueError, match=r"weights\[2\]: shape \(32, 128\) differs from weights\[0\]'s \(32, 64\)"):
+        moe.stack_experts([a, a, FP4Weight.from_float(torch.randn(32, 128), "nvfp4")])
+    with pytest.raises(ValueError, match="device: must be a CPU or CUDA device"):
+        moe.stack_experts([a], "meta")
+
+
+# ---- the CPU op ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("silu", "interleaved"),
+                                               ("swiglu_oai", "interleaved"), ("swiglu_oai", "concatenated")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_op_is_the_reference(fmt, activation, layout, bias):
+    layer = Layer(fmt, 8, H, I, seed=3, bias=bias, scale_gate_up=4.0 if activation == "swiglu_oai" else 1.0,
+                  split_gate_up=(fmt == "nvfp4"))
+    x, ids, wts = _inputs(9, 8, 3, H, seed=4)
+    y = layer.run(x, ids, wts, activation, layout)
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == (9, H)
+    assert torch.equal(y, layer.reference(x, ids, wts, activation, layout))
+
+
+def test_cpu_op_bad_or_repeated_id_gives_nan_row_only():
+    layer = Layer("mxfp4", 8, H, I, seed=5)
+    x, ids, wts = _inputs(7, 8, 3, H, seed=6)
+    bad = ids.clone()
+    bad[2, 1] = 8
+    bad[4, 0] = -1
+    bad[5, 2] = bad[5, 0]  # one expert in two slots of a token
+    y = layer.run(x, bad, wts)
+    assert torch.isnan(y[[2, 4, 5]]).all()
+    good = [0, 1, 3, 6]
+    assert torch.equal(y[good], layer.run(x[good], ids[good], wts[good]))
+    assert torch.equal(y[good], layer.reference(x, ids, wts)[good])
+
+
+def test_cpu_op_reads_only_routed_experts():
+    layer = Layer("nvfp4", 8, H, I, seed=7)
+    x, _, wts = _inputs(5, 8, 2, H, seed=8)
+    ids = torch.tensor([[3, 5]] * 5, dtype=torch.int32)
+    want = layer.run(x, ids, wts)
+    for e in (0, 1, 2, 4, 6, 7):  # garbage (NaN block scales) in experts nobody routes to
+        layer.a[e].fill_(0xFF)
+        layer.b[e].fill_(0xFF)
+    assert torch.equal(layer.run(x, ids, wts), want)
+
+
+def test_cpu_op_empty_batch():
+    layer = Layer("nvfp4", 4, H, I, seed=9)
+    x, ids, wts = _inputs(0, 4, 2, H, seed=0)
+    y = layer.run(x, ids, wts)
+    assert tuple(y.shape) == (0, H) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck_cpu(fmt):
+    layer = Layer(fmt, 4, H, I, seed=10, bias=True)
+    x, ids, wts = _inputs(3, 4, 2, H, seed=11)
+    op = torch.ops.fp4kit.fused_moe.default
+    opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "silu", "concatenated"))
+    opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "swiglu_oai", "interleaved", layer.bgu, layer.bd, 1.5, 6.0))
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid_grouped"])
+def test_fused_moe_from_logits_cpu(routing):
+    e, k = 16, 4
+    layer = Layer("nvfp4", e, H, I, seed=12)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(7, H, generator=g).bfloat16()
+    logits = torch.randn(7, e, generator=g)
+    if routing == "softmax":
+        ids, wts = moe.route_softmax_topk(logits, k, False)
+        kw = dict(renormalize=False)
+    else:
+        bias = torch.randn(e, generator=g) * 0.1
+        ids, wts = moe.route_sigmoid_grouped_topk(logits, k, 4, 2, 2.5, bias)
+        kw = dict(n_group=4, topk_group=2, routed_scaling_factor=2.5, correction_bias=bias)
+    y = fp4kit.fused_moe_from_logits(x, logits, k, layer.a, layer.b, "nvfp4", I, routing=routing, **kw)
+    assert torch.equal(y, layer.run(x, ids.contiguous(), wts.contiguous()))
+    assert torch.equal(y, layer.reference(x, ids, wts))
+
+
+def test_compile_fullgraph_cpu():
+    layer = Layer("mxfp4", 4, H, I, seed=14)
+
+    def f(x, ids, wts):
+        return torch.ops.fp4kit.fused_moe(x, ids, wts, layer.a, layer.b, "mxfp4", I, "silu", "concatenated") * 2
+
+    def g(x, ids, wts):  # through the Python wrapper
+        return fp4kit.fused_moe(x, ids, wts, layer.a, layer.b, "mxfp4", I) + 1
+
+    cf, cg = torch.compile(f, fullgraph=True), torch.compile(g, fullgraph=True)
+    for t in (1, 5, 9):  # changing shapes: the fake implementation carries them
+        x, ids, wts = _inputs(t, 4, 2, H, seed=t)
+        assert torch.equal(cf(x, ids, wts), f(x, ids, wts))
+        assert torch.equal(cg(x, ids, wts), g(x, ids, wts))
+
+
+def test_argument_errors():
+    layer = Layer("nvfp4", 4, H, I, seed=15, bias=True)
+    x, ids, wts = _inputs(3, 4, 2, H, seed=16)
+    a, b = layer.a, layer.b
+
+    def call(x=x, ids=ids, wts=wts, a=a, b=b, fmt="nvfp4", inter=I, activation="silu", layout="concatenated",
+             bgu=None, bd=None, alpha=1.702, limit=7.0):
+        return moe.fused_moe(x, ids, wts, a, b, fmt, inter, activation, layout, bgu, bd, alpha, limit)
+
+    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 \(float16 MoE is not supported yet"):
+        call(x=x.half())
+    with pytest.raises(ValueError, match=r"x: must have 2 dimensions"):
+        call(x=x[None])
+    with pytest.raises(ValueError, match=r"x: must be contiguous"):
+        call(x=torch.cat([x, x], 1)[:, ::2])
+    with pytest.raises(ValueError, match=r"x: H = x.shape\[1\] = 40 must be a positive multiple of the nvfp4 group"):
+        call(x=x[:, :40].contiguous())
+    with pytest.raises(TypeError, match=r"topk_ids: dtype must be torch.int32 \(got torch.int64\)"):
+        call(ids=ids.long())
+    with pytest.raises(ValueError, match=r"topk_ids: shape must be \[T, k\] with T = x.shape\[0\] = 3"):
+        call(ids=ids[:2])
+    with pytest.raises(ValueError, match=r"topk_ids: k = topk_ids.shape\[1\] = 5 must be <= the number of experts"):
+        call(ids=torch.zeros(3, 5, dtype=torch.int32), wts=torch.zeros(3, 5))
+    with pytest.raises(TypeError, match=r"topk_weights: dtype must be torch.float32 \(got torch.bfloat16\)"):
+        call(wts=wts.bfloat16())
+    with pytest.raises(ValueError, match=r"topk_weights: shape must be topk_ids' \(3, 2\)"):
+        call(wts=wts[:, :1].contiguous())
+    with pytest.raises(TypeError, match=r"w_gate_up: dtype must be torch.uint8 \(stacked experts"):
+        call(a=a.float())
+    with pytest.raises(ValueError, match=r"w_down: must hold one row per expert, E = w_gate_up.shape\[0\] = 4"):
+        call(b=b[:3])
+    with pytest.raises(ValueError, match=r"w_gate_up: each expert's row must hold packed_layout\('nvfp4', 192, 160\)"):
+        call(a=b)  # the down stack where gate_up belongs
+    with pytest.raises(ValueError, match=r"w_down: row stride must be a multiple of 256 bytes"):
+        call(b=torch.cat([b, torch.zeros(4, 16, dtype=torch.uint8)], 1))
+    with pytest.raises(ValueError, match=r"w_down: must be contiguous"):
+        call(b=torch.cat([b, b], 1)[:, ::2])
+    with pytest.raises(TypeError, match=r"b_gate_up: dtype must be torch.bfloat16 \(x's dtype\)"):
+        call(bgu=layer.bgu.float())
+    with pytest.raises(ValueError, match=r"b_down: shape must be \(4, 160\), one row per expert"):
+        call(bd=layer.bd[:, :80].contiguous())
+    with pytest.raises(ValueError, match="activation: must be one of"):
+        call(activation="gelu")
+    with pytest.raises(ValueError, match="layout: must be one of"):
+        call(layout="blocked")
+    with pytest.raises(ValueError, match="inter: I = 40 must be a multiple of the nvfp4 group size 16"):
+        call(inter=40)
+    with pytest.raises(ValueError, match='format: must be "nvfp4" or "mxfp4"'):
+        call(fmt="int4")
+    with pytest.raises(ValueError, match="limit: must be positive"):
+        call(limit=0.0)
+    with pytest.raises(ValueError, match="alpha: must be a finite number"):
+        call(alpha=float("inf"))
+    with pytest.raises(ValueError, match="routing: must be one of"):
+        fp4kit.fused_moe_from_logits(x, torch.randn(3, 4), 2, a, b, "nvfp4", I, routing="top1")
+    with pytest.raises(ValueError, match='n_group: applies to routing="sigmoid_grouped" only'):
+        fp4kit.fused_moe_from_logits(x, torch.randn(3, 4), 2, a, b, "nvfp4", I, n_group=2)
+
+
+def test_moe_workspace_one_per_stream_grown_never_shared_with_the_gemm(monkeypatch):
+    """The eager MoE workspace: the op initialises what it relies on, so one buffer per (device, stream)
+    serves every shape; grown when too small; never the GEMM's (which must stay zeroed)."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(fp4kit.ops, "_moe_workspaces", {})
+    dev = torch.device("cpu")
+    ws = fp4kit.ops._moe_workspace(dev, 7, 1024)
+    assert ws.numel() == 1024
+    assert fp4kit.ops._moe_workspace(dev, 7, 512) is ws
+    assert fp4kit.ops._moe_workspace(dev, 8, 512) is not ws  # one per stream
+    grown = fp4kit.ops._moe_workspace(dev, 7, 2048)
+    assert grown.numel() == 2048
+    assert fp4kit.ops._moe_workspace(dev, 7, 1024) is grown
+    assert not any(w is ws or w is grown for w in fp4kit.torch_ops._workspaces.values())  # not the GEMM's
+
+
+def test_import_without_torch_keeps_the_moe_names():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import fp4kit\n"
+            "names = ('stack_experts', 'fused_moe', 'fused_moe_from_logits')\n"
+            "assert all(callable(getattr(fp4kit, n)) for n in names) and set(names) <= set(fp4kit.__all__)\n"
+            "assert sys.modules['torch'] is None\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+def _check_gpu(layer, x, ids, wts, activation="silu", layout="concatenated", tol=1e-2):
+    y = layer.run(x, ids, wts, activation, layout)
+    assert y.device == x.device and y.dtype == torch.bfloat16 and tuple(y.shape) == tuple(x.shape)
+    assert torch.isfinite(y).all()
+    err = _rel_l2(y, layer.reference(x, ids, wts, activation, layout))
+    assert err < tol, f"rel-L2 {err:.3g}"
+    return y
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("silu", "interleaved"),
+                                               ("swiglu_oai", "interleaved"), ("swiglu_oai", "concatenated")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cuda_matches_reference(fmt, activation, layout, bias):
+    layer = Layer(fmt, 8, H, I, seed=20, device="cuda", bias=bias,
+                  scale_gate_up=4.0 if activation == "swiglu_oai" else 1.0,  # past the clamps at limit 7
+                  split_gate_up=(fmt == "nvfp4"))
+    for t, k in ((1, 2), (5, 4), (37, 2)):
+        x, ids, wts = _inputs(t, 8, k, H, seed=100 * t + k, device="cuda")
+        _check_gpu(layer, x, ids, wts, activation, layout)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt,e,h,i", [("nvfp4", 8, 176, 48), ("mxfp4", 16, 96, 64), ("nvfp4", 64, 160, 96),
+                                       ("mxfp4", 64, 224, 160)])
+def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
+    layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
+    for t in (1, 5, 37, 64, 100):  # 100: two passes of 64 tokens
+        for k in (1, 2, 4, 8):
+            x, ids, wts = _inputs(t, e, k, h, seed=1000 * t + k, device="cuda")
+            _check_gpu(layer, x, ids, wts)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_routing_modes(fmt):
+    e, k, t = 32, 4, 37
+    layer = Layer(fmt, e, H, I, seed=30, device="cuda")
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(t, H, generator=g).bfloat16().cuda()
+    logits = torch.randn(t, e, generator=g).cuda()
+    bias = (torch.randn(e, generator=g) * 0.1).cuda()
+    # softmax top-k (gpt-oss, Mixtral, Qwen3)
+    y = fp4kit.fused_moe_from_logits(x, logits, k, layer.a, layer.b, fmt, I)
+    ids, wts = moe.route_softmax_topk(logits, k, True)  # the same routing, on the same device
+    assert _rel_l2(y, layer.reference(x, ids, wts)) < 1e-2
+    # DeepSeek-V3: sigmoid scores, grouped top-k, correction bias, scaling
+    y = fp4kit.fused_moe_from_logits(x, logits, k, layer.a, layer.b, fmt, I, routing="sigmoid_grouped", n_group=8,
+                                     topk_group=3, routed_scaling_factor=2.5, correction_bias=bias)
+    ids, wts = moe.route_sigmoid_grouped_topk(logits, k, 8, 3, 2.5, bias)
+    assert _rel_l2(y, layer.reference(x, ids, wts)) < 1e-2
+    # precomputed ids and weights (any values, weights need not sum to 1)
+    ids = _distinct_ids(t, e, k, g)
+    wts = torch.rand(t, k, generator=g) * 2 - 0.5
+    _check_gpu(layer, x, ids.cuda(), wts.cuda())
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_edge_routings(fmt):
+    e = 64
+    layer = Layer(fmt, e, H, I, seed=40, device="cuda", bias=True)
+    g = torch.Generator().manual_seed(41)
+    # most experts get no token; their buffers hold garbage (NaN block scales) that must not be read
+    x, _, wts = _inputs(5, e, 2, H, seed=42, device="cuda")
+    ids = torch.tensor([[3, 7], [7, 3], [3, 7], [7, 3], [3, 7]], dtype=torch.int32, device="cuda")
+    want = layer.run(x, ids, wts)
+    saved_a, saved_b = layer.a.clone(), layer.b.clone()
+    for ex in range(e):
+        if ex not in (3, 7):
+            layer.a[ex].fill_(0xFF)
+            layer.b[ex].fill_(0xFF)
+    y = _check_gpu(layer, x, ids, wts)
+    assert torch.equal(y, want)
+    layer.a.copy_(saved_a)
+    layer.b.copy_(saved_b)
+    for t in (1, 37, 100):
+        x, _, wts = _inputs(t, e, 4, H, seed=43 + t, device="cuda")
+        # all tokens on one expert (k = 1), and all tokens on the same four experts
+        _check_gpu(layer, x, torch.full((t, 1), 11, dtype=torch.int32, device="cuda"), wts[:, :1].contiguous())
+        same = torch.tensor([[11, 60, 2, 33]] * t, dtype=torch.int32, device="cuda")
+        _check_gpu(layer, x, same, wts)
+        # skewed: expert 0 in about 90% of the tokens, expert 1 in about 60%, the rest spread out
+        ids = _distinct_ids(t, e, 4, g, boost={0: (0.9, 10.0), 1: (0.6, 5.0)})
+        _check_gpu(layer, x, ids.cuda(), wts)
+
+
+@needs_gpu
+def test_cuda_bad_or_repeated_id_gives_nan_row_only():
+    e = 8
+    layer = Layer("nvfp4", e, H, I, seed=50, device="cuda")
+    for t in (7, 100):
+        x, ids, wts = _inputs(t, e, 2, H, seed=51 + t, device="cuda")
+        bad = ids.clone()
+        bad[2, 1] = e
+        bad[4, 0] = -1
+        bad[5, 1] = bad[5, 0]  # one expert in both slots of a token
+        bad[t - 1, 1] = 1 << 30
+        y = layer.run(x, bad, wts)
+        rows = [2, 4, 5, t - 1]
+        assert torch.isnan(y[rows]).all(dim=1).all()
+        good = [r for r in range(t) if r not in rows]
+        assert torch.isfinite(y[good]).all()
+        assert _rel_l2(y[good], layer.reference(x, ids, wts)[good]) < 1e-2
+
+
+@needs_gpu
+def test_cuda_deterministic_and_empty():
+    layer = Layer("mxfp4", 16, H, I, seed=60, device="cuda", bias=True)
+    x, ids, wts = _inputs(37, 16, 4, H, seed=61, device="cuda")
+    y1 = layer.run(x, ids, wts, "swiglu_oai", "interleaved")
+    y2 = layer.run(x, ids, wts, "swiglu_oai", "interleaved")
+    assert torch.equal(y1, y2)
+    x0, ids0, wts0 = _inputs(0, 16, 4, H, seed=0, device="cuda")
+    assert tuple(layer.run(x0, ids0, wts0).shape) == (0, H)
+
+
+@needs_gpu
+def test_cuda_workspace_across_shapes_and_gemm():
+    """Calls of changing shapes on one stream, with GEMMs in between: each still matches its reference."""
+    l1 = Layer("nvfp4", 8, H, I, seed=65, device="cuda")
+    l2 = Layer("mxfp4", 16, 96, 64, seed=66, device="cuda", bias=True)
+    n, k = 4096 + 48, 4096  # a GEMM large enough to use its workspace (stream-K)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(67))
+    p, s, ts = torch.ops.fp4kit.quantize(w.cuda(), "nvfp4")
+    buf = torch.ops.fp4kit.prepack(p, s, ts, "nvfp4", n, k)
+    xg = torch.randn(16, k, generator=torch.Generator().manual_seed(68)).bfloat16().cuda()
+    y_gemm = torch.ops.fp4kit.gemm(xg, buf, "nvfp4", n, k)
+    for step, (layer, t, kk) in enumerate([(l1, 1, 2), (l1, 37, 4), (l2, 5, 2), (l1, 1, 2), (l2, 100, 8),
+                                           (l1, 37, 4), (l1, 37, 4), (l2, 5, 2)]):
+        x, ids, wts = _inputs(t, layer.e, kk, layer.h, seed=200 + step, device="cuda")
+        _check_gpu(layer, x, ids, wts)
+        assert torch.equal(torch.ops.fp4kit.gemm(xg, buf, "nvfp4", n, k), y_gemm), f"GEMM after step {step}"
+
+
+@needs_gpu
+def test_cuda_argument_errors():
+    layer = Layer("nvfp4", 4, H, I, seed=70, device="cuda")
+    x, ids, wts = _inputs(3, 4, 2, H, seed=71, device="cuda")
+    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 \(float16 MoE is not supported yet"):
+        layer.run(x.half(), ids, wts)
+    with pytest.raises(ValueError, match=r"topk_ids: must be on x's device cuda:0 \(got cpu\)"):
+        layer.run(x, ids.cpu(), wts)
+    shifted = torch.zeros(layer.a.numel() + 16, dtype=torch.uint8, device="cuda")[16:].view(layer.a.shape)
+    shifted.copy_(layer.a)  # contiguous, 16 bytes past a 256-byte boundary
+    with pytest.raises(ValueError, match=r"w_gate_up: data must be 256-byte aligned"):
+        moe.fused_moe(x, ids, wts, shifted, layer.b, "nvfp4", I)
+
+
+@needs_gpu
+def test_cuda_graph_capture_replay_changing_routing():
+    e, t, k = 16, 37, 4
+    layer = Layer("nvfp4", e, H, I, seed=80, device="cuda", bias=True)
+    x_s, ids_s, wts_s = _inputs(t, e, k, H, seed=81, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up, as torch.cuda.graph requires
+        layer.run(x_s, ids_s, wts_s)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y_s = layer.run(x_s, ids_s, wts_s)
+    gen = torch.Generator().manual_seed(82)
+    routings = [moe.route_softmax_topk(torch.randn(t, e, generator=gen), k, True),
+                (torch.tensor([[5, 9, 0, 15]] * t, dtype=torch.int32), torch.full((t, k), 0.25)),  # 4 experts only
+                (_distinct_ids(t, e, k, gen, boost={3: (0.8, 10.0)}), torch.rand(t, k, generator=gen))]
+    for n, (ids, wts) in enumerate(routings):
+        x_s.copy_(torch.randn(t, H, generator=gen).bfloat16())
+        ids_s.copy_(ids)
+        wts_s.copy_(wts)
+        g.replay()
+        eager = layer.run(x_s, ids_s, wts_s)
+        torch.cuda.synchronize()
+        assert torch.isfinite(y_s).all()
+        assert _rel_l2(y_s, layer.reference(x_s, ids_s, wts_s)) < 1e-2, f"routing {n}"
+        assert torch.equal(y_s, eager)  # same kernels, same order: bitwise equal
+
+
+@needs_gpu
+def test_compile_fullgraph_cuda():
+    layer = Layer("mxfp4", 8, H, I, seed=90, device="cuda", bias=True)
+
+    def f(x, ids, wts):
+        y = torch.ops.fp4kit.fused_moe(x, ids, wts, layer.a, layer.b, "mxfp4", I, "swiglu_oai", "interleaved",
+                                       layer.bgu, layer.bd)
+        return y.float().sum(-1)
+
+    cf = torch.compile(f, fullgraph=True)
+    for t in (1, 16, 37):
+        x, ids, wts = _inputs(t, 8, 2, H, seed=91 + t, device="cuda")
+        torch.testing.assert_close(cf(x, ids, wts), f(x, ids, wts))
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck_cuda(fmt):
+    layer = Layer(fmt, 8, H, I, seed=95, device="cuda", bias=True)
+    x, ids, wts = _inputs(5, 8, 2, H, seed=96, device="cuda")
+    op = torch.ops.fp4kit.fused_moe.default
+    opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "silu", "concatenated"))
+    opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "swiglu_oai", "interleaved", layer.bgu, layer.bd))
+
+
+@needs_gpu
+def test_cuda_stack_experts_matches_cpu_stack():
+    layer = Layer("nvfp4", 4, H, I, seed=97, split_gate_up=True)
+    on_gpu = moe.stack_experts([w.to("cuda") for w in layer.wgu])  # prepacked on the GPU
+    assert on_gpu.device.type == "cuda"
+    assert torch.equal(on_gpu.cpu(), layer.a)
+    assert torch.equal(moe.stack_experts(layer.wgu, "cuda").cpu(), layer.a)
