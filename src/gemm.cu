@@ -52,7 +52,7 @@ struct DeviceFacts {
 };
 std::mutex g_mu;
 std::vector<DeviceFacts> g_devices;
-std::vector<std::pair<std::pair<int, KernelFn>, int>> g_occupancy;
+std::vector<std::pair<std::pair<int, const void*>, int>> g_occupancy;
 
 Status device_facts(int* dev, DeviceFacts* out) {
   cudaError_t e = cudaGetDevice(dev);
@@ -75,37 +75,32 @@ Status device_facts(int* dev, DeviceFacts* out) {
   return Status::Ok();
 }
 
-Status occupancy(int dev, KernelFn fn, int threads, int smem, int* blocks) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto& kv : g_occupancy)
-    if (kv.first.first == dev && kv.first.second == fn) {
-      *blocks = kv.second;
-      return Status::Ok();
-    }
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, threads, size_t(smem));
-  if (e != cudaSuccess || *blocks < 1)
-    return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
-                                        (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
-  g_occupancy.push_back({{dev, fn}, *blocks});
-  return Status::Ok();
-}
-
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
-
-// Dynamic shared memory of a launch: two X slices of 8 * n_tiles tokens.
-int x_smem_bytes(int n_tiles) {
-  switch (n_tiles) {
-    case 1: return kernels::x_stage_bytes<1>();
-    case 2: return kernels::x_stage_bytes<2>();
-    case 4: return kernels::x_stage_bytes<4>();
-    default: return kernels::x_stage_bytes<8>();
-  }
-}
 
 }  // namespace
 
 namespace detail {
+
+Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, int* sms, int* blocks) {
+  int dev = 0;
+  DeviceFacts facts;
+  FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
+  if (dev_out) *dev_out = dev;
+  if (sms) *sms = facts.sms;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto& kv : g_occupancy)
+    if (kv.first.first == dev && kv.first.second == kernel) {
+      *blocks = kv.second;
+      return Status::Ok();
+    }
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, size_t(smem));
+  if (e != cudaSuccess || *blocks < 1)
+    return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
+                                        (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
+  g_occupancy.push_back({{dev, kernel}, *blocks});
+  return Status::Ok();
+}
 
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan) {
   FP4KIT_RETURN_IF_ERROR(check_shape(w.format, w.n, w.k));
@@ -126,12 +121,13 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   KernelFn fn = select_kernel(w.format, act, id);
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(occupancy(dev, fn, cfg->warps * 32, x_smem_bytes(cfg->n_tiles), &per_sm));
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), cfg->warps * 32,
+                                         kernels::x_stage_bytes_for(cfg->n_tiles), nullptr, nullptr, &per_sm));
 
   DecodePlan p;
   p.cfg = cfg;
   p.kernel = reinterpret_cast<const void*>(fn);
-  p.smem_bytes = x_smem_bytes(cfg->n_tiles);
+  p.smem_bytes = kernels::x_stage_bytes_for(cfg->n_tiles);
   p.layout = l;
   p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;

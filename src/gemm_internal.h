@@ -25,6 +25,10 @@ struct DecodePlan {
 // the rule on bad shapes or configs, and with "device: ..." on a device fp4kit cannot run on.
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);
 
+// CTAs of `kernel` (threads, dynamic shared memory smem) resident per SM on the current device, cached per
+// (device, kernel); also the device and its SM count (either may be null).
+Status resident_per_sm(const void* kernel, int threads, int smem, int* dev, int* sms, int* blocks);
+
 // gemm_validate's checks; on success `plan` holds the launch plan (gemm() validates and plans once).
 Status validate(const GemmArgs& a, DecodePlan* plan);
 

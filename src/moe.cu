@@ -17,13 +17,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <string>
-#include <vector>
 
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
 #include "kernels/decode_gemm.cuh"
+#include "gemm_internal.h"
 #include "repack_common.h"
 
 namespace fp4kit {
@@ -167,44 +166,11 @@ int n_tiles_for(int64_t tokens) {
   return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
 }
 
-struct Resident {
-  std::mutex mu;
-  std::vector<std::pair<std::pair<int, GroupedFn>, int>> cache;  // (device, kernel) -> CTAs per SM
-};
-Resident g_resident;
-
 Status resident_ctas(GroupedFn fn, int threads, int smem, int* ctas) {
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(Code::kCudaError, std::string("device: no usable CUDA device (") + cudaGetErrorString(e) + ")");
-  }
-  std::lock_guard<std::mutex> lock(g_resident.mu);
-  for (auto& kv : g_resident.cache)
-    if (kv.first.first == dev && kv.first.second == fn) {
-      *ctas = kv.second * sms;
-      return Status::Ok();
-    }
-  int per_sm = 0;
-  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem));
-  if (e != cudaSuccess || per_sm < 1)
-    return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
-                                        (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
-  g_resident.cache.push_back({{dev, fn}, per_sm});
+  int sms = 0, per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, &sms, &per_sm));
   *ctas = per_sm * sms;
   return Status::Ok();
-}
-
-int x_smem_bytes(int n_tiles) {
-  switch (n_tiles) {
-    case 1: return kernels::x_stage_bytes<1>();
-    case 2: return kernels::x_stage_bytes<2>();
-    case 4: return kernels::x_stage_bytes<4>();
-    default: return kernels::x_stage_bytes<8>();
-  }
 }
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
@@ -227,7 +193,7 @@ Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, Grouped
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &p.layout));
   const int64_t rows_per_group = int64_t(p.cfg.warps) * p.cfg.row_tiles;
   p.row_groups = int((p.layout.row_tiles + rows_per_group - 1) / rows_per_group);
-  p.smem = x_smem_bytes(n_tiles);
+  p.smem = kernels::x_stage_bytes_for(n_tiles);
   int resident = 0;
   FP4KIT_RETURN_IF_ERROR(resident_ctas(p.fn, p.cfg.warps * 32, p.smem, &resident));
   const int64_t max_units = int64_t(max_active) * p.row_groups * p.layout.k_macros;

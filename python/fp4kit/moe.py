@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .weights import FP4Weight
+from .weights import FP4Weight, _same_format_list
 
 __all__ = ["route_softmax_topk", "route_sigmoid_grouped_topk", "align_tokens", "MoEAlignment", "touched_experts",
            "expert_weight_bytes", "touched_weight_bytes", "silu_and_mul", "swiglu_oai", "moe_reference",
@@ -401,20 +401,9 @@ def stack_experts(weights: Sequence[FP4Weight], device: Union[None, str, torch.d
     from . import torch_ops
     if isinstance(weights, (str, bytes, FP4Weight, torch.Tensor)) or not hasattr(weights, "__iter__"):
         raise TypeError(f"weights: must be a sequence of FP4Weight, one per expert (got {type(weights).__name__})")
-    weights = list(weights)
-    if not weights:
-        raise ValueError("weights: need at least one expert")
-    for i, w in enumerate(weights):
-        if not isinstance(w, FP4Weight):
-            raise TypeError(f"weights[{i}]: must be an FP4Weight (got {type(w).__name__})")
+    weights = _same_format_list(weights, "expert", "the experts of one stack must share format and shape",
+                                same_k_only=False)
     first = weights[0]
-    for i, w in enumerate(weights[1:], 1):
-        if w.format != first.format:
-            raise ValueError(f"weights[{i}]: format {w.format} differs from weights[0]'s {first.format}; "
-                             "the experts of one stack must share format and shape")
-        if w.shape != first.shape:
-            raise ValueError(f"weights[{i}]: shape {w.shape} differs from weights[0]'s {first.shape}; "
-                             "the experts of one stack must share format and shape")
     if device is None:
         for i, w in enumerate(weights[1:], 1):
             if w.device != first.device:

@@ -13,7 +13,7 @@ Bad input raises ValueError (shape, value) or TypeError (dtype, type), naming th
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -310,23 +310,33 @@ class FP4Weight:
 
 
 # ---- fusion, gate/up interleave, nibble-order check -------------------------------------------------------
-def fuse(weights: Sequence[FP4Weight]) -> FP4Weight:
-    """Concatenate weights along N (e.g. [q, k, v] -> qkv). NVFP4 parts keep their own per-row tensor scales,
-    so the result dequantizes exactly to the concatenation of the parts; MXFP4 has none to keep."""
+def _same_format_list(weights: Any, empty: str, rule: str, same_k_only: bool) -> List[FP4Weight]:
+    """`weights` as a list of FP4Weights of one format and one shape (or, same_k_only, one K), with errors that
+    name the offending entry; `empty` and `rule` finish the messages."""
     weights = list(weights)
     if not weights:
-        raise ValueError("weights: need at least one FP4Weight to fuse")
+        raise ValueError(f"weights: need at least one {empty}")
     for i, w in enumerate(weights):
         if not isinstance(w, FP4Weight):
             raise TypeError(f"weights[{i}]: must be an FP4Weight (got {type(w).__name__})")
     first = weights[0]
     for i, w in enumerate(weights[1:], 1):
         if w.format != first.format:
-            raise ValueError(f"weights[{i}]: format {w.format} differs from weights[0]'s {first.format}; "
-                             "parts of one fused weight must share a format")
-        if w.shape[1] != first.shape[1]:
-            raise ValueError(f"weights[{i}]: K = {w.shape[1]} differs from weights[0]'s K = {first.shape[1]}; "
-                             "fused parts are stacked along N and must share K")
+            raise ValueError(f"weights[{i}]: format {w.format} differs from weights[0]'s {first.format}; {rule}")
+        if same_k_only and w.shape[1] != first.shape[1]:
+            raise ValueError(f"weights[{i}]: K = {w.shape[1]} differs from weights[0]'s K = {first.shape[1]}; {rule}")
+        if not same_k_only and w.shape != first.shape:
+            raise ValueError(f"weights[{i}]: shape {w.shape} differs from weights[0]'s {first.shape}; {rule}")
+    return weights
+
+
+def fuse(weights: Sequence[FP4Weight]) -> FP4Weight:
+    """Concatenate weights along N (e.g. [q, k, v] -> qkv). NVFP4 parts keep their own per-row tensor scales,
+    so the result dequantizes exactly to the concatenation of the parts; MXFP4 has none to keep."""
+    weights = _same_format_list(weights, "FP4Weight to fuse",
+                                "fused parts are stacked along N and must share format and K", same_k_only=True)
+    first = weights[0]
+    for i, w in enumerate(weights[1:], 1):
         if _is_torch(w.packed) != _is_torch(first.packed) or w.device != first.device:
             raise ValueError(f"weights[{i}]: arrays on {w.device} ({type(w.packed).__name__}) differ from "
                              f"weights[0]'s ({first.device}, {type(first.packed).__name__})")

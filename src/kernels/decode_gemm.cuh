@@ -274,6 +274,8 @@ __device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], co
 // Rows are padded by 16 bytes so the quad's 16-byte reads of a row pair hit distinct banks.
 constexpr int kXRowElems = layout::kMacroK + 8;
 template <int NT> constexpr int x_stage_bytes() { return 2 * 8 * NT * kXRowElems * 2; }
+// The same for a launch's n_tiles (dynamic shared memory of the kernel).
+inline int x_stage_bytes_for(int n_tiles) { return 2 * 8 * n_tiles * kXRowElems * 2; }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
