@@ -13,6 +13,9 @@ and gate/up another (fewer, larger GEMMs). Random weights of the real shapes, ge
 bfloat16 (normal, std 0.02; RMSNorm weights 1). Presets: "llama-3.1-8b" (hidden 4096, 32 heads, 8 KV heads,
 intermediate 14336, 32 layers, vocabulary 128256), "llama-3.3-70b" (8192, 64, 8, 28672, 80 layers, 128256),
 "tiny" (256, 4, 2, 512, 2 layers, 1024; for the CPU and tests); ``--layers N`` changes the depth.
+MoE presets: "gpt-oss-120b" (hidden 2880, 64 query / 8 KV heads of 64, 36 layers, 128 experts of 2880, top 4,
+gpt-oss SwiGLU with interleaved gate/up rows and biases, vocabulary 201088; plain causal attention) and
+"tiny-moe"; their MLPs run through torch.ops.fp4kit.fused_moe, so they have FP4 variants only.
 
 Variants, everything else identical: "bf16" (torch.nn.Linear: cuBLAS), "nvfp4" and "mxfp4" (every Linear of
 the blocks quantized from the same random BF16 weights, exactly as ``fp4kit.nn.convert(model, fmt,
@@ -65,7 +68,8 @@ __all__ = ["Config", "PRESETS", "VARIANTS", "KEPT_BF16", "Decoder", "KVCache", "
            "cache_len", "weight_bytes", "memory_estimate", "max_layers", "run", "table", "markdown", "plot", "main"]
 
 VARIANTS = ("bf16", "nvfp4", "mxfp4")
-KEPT_BF16 = "token embedding, LM head, RMSNorm weights (all variants); KV cache and activations are BF16"
+KEPT_BF16 = ("token embedding, LM head, RMSNorm weights, MoE routers (all variants); KV cache and activations are "
+             "BF16")
 _BF16 = torch.bfloat16
 _GIB = float(1 << 30)
 
@@ -83,18 +87,27 @@ class Config:
     vocab: int
     rope_theta: float = 500000.0
     eps: float = 1e-5
+    # Mixture of experts (experts > 0): the MLP is `experts` experts of `intermediate` each, top_k per token,
+    # routed by a BF16 router (softmax over the top-k logits, as gpt-oss), run by torch.ops.fp4kit.fused_moe.
+    experts: int = 0
+    top_k: int = 0
+    moe_activation: str = "silu"       # or "swiglu_oai" (gpt-oss)
+    moe_layout: str = "concatenated"   # gate/up rows: or "interleaved" (gpt-oss)
+    moe_bias: bool = False             # expert and router biases (gpt-oss has them)
 
     def __post_init__(self) -> None:
         for f in ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}: must be >= 1 (got {getattr(self, f)})")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k: must be in [1, experts = {self.experts}] (got {self.top_k})")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads: must be a multiple of kv_heads = {self.kv_heads} (got {self.heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim: must be even for rotary embeddings (got {self.head_dim})")
 
     def linear_shapes(self) -> Dict[str, tuple]:
-        """(N, K) of each block's Linear: fused qkv, o, fused gate_up, down."""
+        """(N, K) of each block's Linear: fused qkv, o, fused gate_up, down (of one expert, for an MoE)."""
         h, hd = self.hidden, self.head_dim
         return {"qkv": ((self.heads + 2 * self.kv_heads) * hd, h), "o": (h, self.heads * hd),
                 "gate_up": (2 * self.intermediate, h), "down": (h, self.intermediate)}
@@ -104,6 +117,12 @@ PRESETS: Dict[str, Config] = {
     "llama-3.1-8b": Config("llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256),
     "llama-3.3-70b": Config("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256),
     "tiny": Config("tiny", 256, 512, 2, 4, 2, 64, 1024),
+    # gpt-oss-120b's shapes (36 layers, 128 experts of 2880, top 4; attention 64 query / 8 KV heads of 64):
+    # its MoE blocks, with plain causal attention (no sliding window or attention sinks: no shape changes).
+    "gpt-oss-120b": Config("gpt-oss-120b", 2880, 2880, 36, 64, 8, 64, 201088, 150000.0, 1e-5, 128, 4, "swiglu_oai",
+                           "interleaved", True),
+    "tiny-moe": Config("tiny-moe", 256, 128, 2, 4, 2, 64, 1024, 500000.0, 1e-5, 8, 2, "swiglu_oai", "interleaved",
+                       True),
 }
 
 
@@ -125,6 +144,33 @@ class Block(torch.nn.Module):
     def mlp(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         g, u = self.gate_up(_rms(x, self.mlp_norm, eps)).chunk(2, dim=-1)
         return x + self.down(F.silu(g) * u)
+
+
+class MoEBlock(torch.nn.Module):
+    """A decoder block whose MLP is a mixture of FP4 experts: x + o(attn(norm(x))), then
+    x + fused_moe(norm(x)) with top-k routing by a BF16 router (softmax over the selected logits)."""
+
+    def __init__(self, cfg: Config, qkv: torch.nn.Module, o: torch.nn.Module, router: torch.nn.Module,
+                 w_gate_up: torch.Tensor, w_down: torch.Tensor, b_gate_up: Optional[torch.Tensor],
+                 b_down: Optional[torch.Tensor], fmt: str, device) -> None:
+        super().__init__()
+        self.cfg, self.fmt = cfg, fmt
+        self.qkv, self.o, self.router = qkv, o, router
+        self.register_buffer("w_gate_up", w_gate_up)
+        self.register_buffer("w_down", w_down)
+        self.register_buffer("b_gate_up", b_gate_up)
+        self.register_buffer("b_down", b_down)
+        self.attn_norm = torch.nn.Parameter(torch.ones(cfg.hidden, dtype=_BF16, device=device), requires_grad=False)
+        self.mlp_norm = torch.nn.Parameter(torch.ones(cfg.hidden, dtype=_BF16, device=device), requires_grad=False)
+
+    def mlp(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        c = self.cfg
+        h = _rms(x, self.mlp_norm, eps).reshape(-1, c.hidden).contiguous()
+        top, ids = torch.topk(self.router(h).float(), c.top_k, dim=-1)
+        y = torch.ops.fp4kit.fused_moe(h, ids.to(torch.int32), torch.softmax(top, dim=-1), self.w_gate_up, self.w_down,
+                                       self.fmt, c.intermediate, c.moe_activation, c.moe_layout, self.b_gate_up,
+                                       self.b_down)
+        return x + y.view(x.shape)
 
 
 class KVCache:
@@ -174,7 +220,7 @@ class Decoder(torch.nn.Module):
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
-    def _qkv(self, blk: Block, x: torch.Tensor, pos: torch.Tensor):
+    def _qkv(self, blk, x: torch.Tensor, pos: torch.Tensor):
         c = self.cfg
         b, s, _ = x.shape
         qkv = blk.qkv(_rms(x, blk.attn_norm, c.eps)).view(b, s, c.heads + 2 * c.kv_heads, c.head_dim)
@@ -230,20 +276,43 @@ def build_model(cfg: Config, variant: str = "bf16", device="cpu", seed: int = 0)
     does) right after drawing it."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: must be one of {', '.join(VARIANTS)} (got {variant!r})")
+    if cfg.experts and variant == "bf16":
+        raise NotImplementedError(f"variant: {cfg.name} has MoE blocks, and fp4kit's MoE layer has FP4 experts only "
+                                  "(use nvfp4 or mxfp4)")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(*shape) -> torch.Tensor:
+        return torch.empty(shape, dtype=_BF16, device=device).normal_(0.0, 0.02, generator=gen)
 
     def linear(n: int, k: int) -> torch.nn.Module:
         lin = torch.nn.utils.skip_init(torch.nn.Linear, k, n, bias=False, device=device, dtype=_BF16)
         lin.weight.requires_grad_(False).normal_(0.0, 0.02, generator=gen)
         return lin if variant == "bf16" else fnn.Linear.from_linear(lin, variant)
 
+    def experts(n: int, k: int) -> torch.Tensor:  # E experts drawn and quantized one at a time, then stacked
+        from .moe import stack_experts
+        from .weights import FP4Weight
+        return stack_experts([FP4Weight.from_float(draw(n, k), variant) for _ in range(cfg.experts)], device)
+
     with torch.no_grad():
         model = Decoder(cfg, device)
         model.embed.weight.normal_(0.0, 0.02, generator=gen)
         shapes = cfg.linear_shapes()
         for _ in range(cfg.layers):
-            model.layers.append(Block(cfg, *(linear(*shapes[n]) for n in ("qkv", "o", "gate_up", "down")), device))
+            if not cfg.experts:
+                model.layers.append(Block(cfg, *(linear(*shapes[n]) for n in ("qkv", "o", "gate_up", "down")), device))
+                continue
+            qkv, o = linear(*shapes["qkv"]), linear(*shapes["o"])
+            router = torch.nn.utils.skip_init(torch.nn.Linear, cfg.hidden, cfg.experts, bias=cfg.moe_bias,
+                                              device=device, dtype=_BF16)
+            router.weight.requires_grad_(False).normal_(0.0, 0.02, generator=gen)
+            if cfg.moe_bias:
+                router.bias.requires_grad_(False).normal_(0.0, 0.02, generator=gen)
+            w_gu, w_dn = experts(*shapes["gate_up"]), experts(*shapes["down"])
+            b_gu = draw(cfg.experts, 2 * cfg.intermediate) if cfg.moe_bias else None
+            b_dn = draw(cfg.experts, cfg.hidden) if cfg.moe_bias else None
+            model.layers.append(MoEBlock(cfg, qkv, o, router, w_gu, w_dn, b_gu, b_dn, variant, device))
         model.lm_head.weight.normal_(0.0, 0.02, generator=gen)
     return model.requires_grad_(False).eval()
 
@@ -352,8 +421,13 @@ def weight_bytes(cfg: Config, variant: str) -> int:
     """Bytes of the model's weights: block Linears in BF16 or FP4 (fp4kit's prepacked layout), plus the BF16
     embedding, LM head and norms."""
     per = 4 * cfg.hidden
-    for n, k in cfg.linear_shapes().values():
-        per += 2 * n * k if variant == "bf16" else packed_layout(variant, n, k)["total_bytes"]
+    for name, (n, k) in cfg.linear_shapes().items():
+        one = 2 * n * k if variant == "bf16" else packed_layout(variant, n, k)["total_bytes"]
+        if cfg.experts and name in ("gate_up", "down"):  # E experts, stacked at a 256-byte stride; biases
+            one = cfg.experts * ((one + 255) // 256 * 256 + (2 * n if cfg.moe_bias else 0))
+        per += one
+    if cfg.experts:  # the BF16 router
+        per += 2 * cfg.experts * (cfg.hidden + (1 if cfg.moe_bias else 0))
     return cfg.layers * per + 2 * (2 * cfg.vocab * cfg.hidden + cfg.hidden)
 
 
@@ -501,6 +575,10 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
         if cfg.layers != PRESETS[name].layers:
             log(f"note: {name} at {cfg.layers} of its {PRESETS[name].layers} layers, the same depth for every variant")
         for variant in variants:
+            if cfg.experts and variant == "bf16":
+                skip(cfg, variant, None, "MoE blocks: fp4kit's MoE layer has FP4 experts only, so there is no BF16 "
+                     "baseline for this model here")
+                continue
             if dev.type == "cuda":
                 _free(dev)
                 free = torch.cuda.mem_get_info(dev)[0]

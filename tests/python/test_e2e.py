@@ -181,3 +181,77 @@ def test_cuda_graph_decode_matches_eager(variant):
     with torch.no_grad():
         full = model(torch.cat([prompt, runs[True][0][:, :-1]], 1))
     assert _rel(runs[True][1][-1], full[:, -1]) < 2e-2
+
+
+# ---- MoE blocks (gpt-oss-style) ------------------------------------------------------------------------------
+TINY_MOE = e2e.PRESETS["tiny-moe"]
+
+
+def test_moe_presets_and_weight_bytes():
+    g = e2e.PRESETS["gpt-oss-120b"]   # shapes.json: E 128, top-k 4, H = I = 2880, SwiGLU, interleaved, biases
+    assert (g.experts, g.top_k, g.hidden, g.intermediate, g.layers) == (128, 4, 2880, 2880, 36)
+    assert (g.moe_activation, g.moe_layout, g.moe_bias) == ("swiglu_oai", "interleaved", True)
+    model = e2e.build_model(TINY_MOE, "mxfp4", "cpu", seed=0)
+    blk = model.layers[0]
+    # the weights the model holds are what weight_bytes counts
+    held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert held == e2e.weight_bytes(TINY_MOE, "mxfp4")
+    assert blk.w_gate_up.shape[0] == blk.w_down.shape[0] == TINY_MOE.experts
+    with pytest.raises(NotImplementedError, match="FP4 experts only"):
+        e2e.build_model(TINY_MOE, "bf16", "cpu")
+    with pytest.raises(ValueError, match="top_k: must be in"):
+        dataclasses.replace(TINY_MOE, top_k=9)
+
+
+@pytest.mark.parametrize("variant", ["nvfp4", "mxfp4"])
+def test_moe_decode_with_cache_matches_full_forward(variant):
+    model = e2e.build_model(TINY_MOE, variant, "cpu", seed=0)
+    ids = _ids(2, 12, seed=6)
+    with torch.no_grad():
+        full = model(ids)
+        cache = e2e.KVCache(TINY_MOE, 2, 16, "cpu")
+        last = model(ids[:, :8], cache, last_only=True)[:, 0]
+        assert _rel(last, full[:, 7]) < 1e-2
+        for p in range(8, 12):
+            logits = model.step(ids[:, p], torch.full((2,), p), cache)
+            assert logits.shape == (2, TINY_MOE.vocab) and torch.isfinite(logits.float()).all()
+            assert _rel(logits, full[:, p]) < 2e-2, p
+
+
+def test_moe_block_is_the_reference_moe():
+    """One MoE block's MLP against fp4kit.moe.moe_reference on its dequantized experts, routed by hand."""
+    from fp4kit import moe
+    from fp4kit.ops import dequantize_packed
+    model = e2e.build_model(TINY_MOE, "nvfp4", "cpu", seed=1)
+    blk, c = model.layers[1], TINY_MOE
+    # x small (the RMSNorm makes the MLP's input independent of its scale), so that x + MLP(x) in BF16 keeps
+    # the MLP's digits
+    x = (1e-3 * torch.randn(5, 1, c.hidden, generator=torch.Generator().manual_seed(3))).bfloat16()
+    with torch.no_grad():
+        got = blk.mlp(x, c.eps)
+        h = e2e._rms(x, blk.mlp_norm, c.eps).reshape(-1, c.hidden)
+        top, ids = torch.topk(blk.router(h).float(), c.top_k, dim=-1)
+        gu = [dequantize_packed(blk.w_gate_up[e], "nvfp4", 2 * c.intermediate, c.hidden) for e in range(c.experts)]
+        dn = [dequantize_packed(blk.w_down[e], "nvfp4", c.hidden, c.intermediate) for e in range(c.experts)]
+        ref = moe.moe_reference(h, ids.to(torch.int32), torch.softmax(top, -1), gu, dn, blk.b_gate_up, blk.b_down,
+                                c.moe_activation, c.moe_layout)
+    assert _rel(got - x, ref.view(x.shape)) < 2e-2
+
+
+@pytest.mark.skipif(not _GPU, reason="no CUDA GPU (torch.cuda.is_available() is False or fp4kit sees no device)")
+def test_cuda_graph_moe_decode_matches_eager():
+    model = e2e.build_model(TINY_MOE, "mxfp4", "cuda", seed=0)
+    prompt = _ids(3, 20, seed=4, device="cuda")
+    runs = {}
+    for graph in (False, True):
+        r = e2e.Runner(model, 3, e2e.cache_len(20, 8), 8, graph=graph)
+        r.prefill(prompt)
+        r.prepare()
+        logits = []
+        for _ in range(7):
+            r.step()
+            logits.append(r.logits.clone())
+        torch.cuda.synchronize()
+        runs[graph] = (r.out[:, :8].clone(), torch.stack(logits))
+    assert torch.equal(runs[True][0], runs[False][0])
+    assert _rel(runs[True][1], runs[False][1]) < 1e-3
