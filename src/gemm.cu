@@ -139,8 +139,7 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {
     p.counters_bytes = align256(size_t(p.row_groups) * sizeof(int));
-    const size_t slot = size_t(cfg->warps) * cfg->row_tiles * cfg->n_tiles * 4 * 32 * sizeof(float);
-    p.partials_bytes = size_t(p.grid) * 2 * slot;
+    p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
   *plan = p;
@@ -164,17 +163,11 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
   const KernelFn fn = reinterpret_cast<KernelFn>(const_cast<void*>(plan.kernel));
 
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
-  kernels::DecodeParams p{};
+  kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups);
   p.bias = a.bias;
   p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
   p.scales = base + l.scales_offset;
   p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
-  p.n = int(a.w.n);
-  p.k = int(a.w.k);
-  p.row_tiles = int(l.row_tiles);
-  p.k_chunks = int(l.k_chunks);
-  p.k_macros = int(l.k_macros);
-  p.row_groups = plan.row_groups;
   p.units = plan.units;
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;

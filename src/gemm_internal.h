@@ -21,6 +21,11 @@ struct DecodePlan {
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
 };
 
+// Bytes of one CTA's partial tile in the stream-K workspace (fp32, warps x row tiles x token tiles).
+inline size_t partial_slot_bytes(const KernelConfig& c) {
+  return size_t(c.warps) * c.row_tiles * c.n_tiles * 4 * 32 * sizeof(float);
+}
+
 // Everything a launch needs, from the shape, the config table and the (cached) device facts. Fails with
 // the rule on bad shapes or configs, and with "device: ..." on a device fp4kit cannot run on.
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);

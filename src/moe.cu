@@ -23,6 +23,7 @@
 #include "fp4kit/repack.h"
 #include "kernels/decode_gemm.cuh"
 #include "gemm_internal.h"
+#include "configs.h"
 #include "repack_common.h"
 
 namespace fp4kit {
@@ -138,27 +139,28 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* o, const int* row_of_pai
 }
 
 // ---- the grouped GEMM kernels ----------------------------------------------------------------------
-// BF16 activations; one config per token bucket (the dense table's defaults for small layers).
+// The config table's first entry for each n_tiles (the dispatcher's default for small layers),
+// instantiated in grouped mode with BF16 activations.
 using GroupedFn = void (*)(const kernels::DecodeParams);
-struct GroupedCfg {
-  int n_tiles, row_tiles, warps;
-};
+
+constexpr int first_index(int n_tiles) {
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (kKernelConfigs[i].n_tiles == n_tiles) return i;
+  return -1;
+}
+template <Format F, int NT>
+GroupedFn grouped_instance() {
+  constexpr KernelConfig c = kKernelConfigs[first_index(NT)];
+  return &kernels::decode_gemm_kernel<F, __nv_bfloat16, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks,
+                                      c.stages, true>;
+}
 template <Format F>
 GroupedFn grouped_kernel(int n_tiles) {
-  using T = __nv_bfloat16;
   switch (n_tiles) {
-    case 1: return &kernels::decode_gemm_kernel<F, T, 1, 1, 8, 3, 8, 1, true>;
-    case 2: return &kernels::decode_gemm_kernel<F, T, 2, 1, 8, 2, 4, 2, true>;
-    case 4: return &kernels::decode_gemm_kernel<F, T, 4, 2, 8, 2, 2, 2, true>;
-    default: return &kernels::decode_gemm_kernel<F, T, 8, 2, 8, 1, 4, 2, true>;
-  }
-}
-GroupedCfg grouped_cfg(int n_tiles) {
-  switch (n_tiles) {
-    case 1: return {1, 1, 8};
-    case 2: return {2, 1, 8};
-    case 4: return {4, 2, 8};
-    default: return {8, 2, 8};
+    case 1: return grouped_instance<F, 1>();
+    case 2: return grouped_instance<F, 2>();
+    case 4: return grouped_instance<F, 4>();
+    default: return grouped_instance<F, 8>();
   }
 }
 int n_tiles_for(int64_t tokens) {
@@ -166,46 +168,35 @@ int n_tiles_for(int64_t tokens) {
   return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
 }
 
-Status resident_ctas(GroupedFn fn, int threads, int smem, int* ctas) {
-  int sms = 0, per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, &sms, &per_sm));
-  *ctas = per_sm * sms;
-  return Status::Ok();
-}
-
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
-// One grouped GEMM's launch plan (shapes only).
+// One grouped GEMM's launch: the dense plan of its config (layout, row groups, shared memory), the grouped
+// kernel, and a grid sized for the most experts a pass can touch.
 struct GroupedPlan {
+  detail::DecodePlan dense;
   GroupedFn fn = nullptr;
-  GroupedCfg cfg{};
-  PackedLayout layout;
-  int row_groups = 0;
   int grid = 0;
-  int smem = 0;
-  size_t slot_bytes = 0;  // partial tile of one CTA
+  int sms = 0;
 };
 
 Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, GroupedPlan* out) {
   GroupedPlan p;
+  const PackedWeight pw{w.format, w.n, w.k, nullptr};
+  FP4KIT_RETURN_IF_ERROR(
+      detail::make_plan(8 * n_tiles, pw, DType::kBF16, kKernelConfigs[first_index(n_tiles)].id, &p.dense));
   p.fn = w.format == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4>(n_tiles) : grouped_kernel<Format::kMXFP4>(n_tiles);
-  p.cfg = grouped_cfg(n_tiles);
-  FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &p.layout));
-  const int64_t rows_per_group = int64_t(p.cfg.warps) * p.cfg.row_tiles;
-  p.row_groups = int((p.layout.row_tiles + rows_per_group - 1) / rows_per_group);
-  p.smem = kernels::x_stage_bytes_for(n_tiles);
-  int resident = 0;
-  FP4KIT_RETURN_IF_ERROR(resident_ctas(p.fn, p.cfg.warps * 32, p.smem, &resident));
-  const int64_t max_units = int64_t(max_active) * p.row_groups * p.layout.k_macros;
-  p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, resident)));
-  p.slot_bytes = size_t(p.cfg.warps) * p.cfg.row_tiles * p.cfg.n_tiles * 4 * 32 * sizeof(float);
+  int per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.cfg->warps * 32,
+                                                 p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
+  const int64_t max_units = int64_t(max_active) * p.dense.units;
+  p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
   *out = p;
   return Status::Ok();
 }
 
 // Workspace layout for one pass of up to kPassTokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
-  int pass_tokens = 0, pairs = 0, max_active = 0, n_tiles = 0;
+  int pairs = 0, max_active = 0;
   GroupedPlan gu, dn;
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
@@ -213,12 +204,11 @@ struct MoEPlan {
 
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
-  p.pass_tokens = int(std::min<int64_t>(a.tokens, kPassTokens));
-  p.pairs = p.pass_tokens * a.top_k;
+  p.pairs = int(std::min<int64_t>(a.tokens, kPassTokens)) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
-  p.n_tiles = n_tiles_for(a.tokens);
-  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, p.n_tiles, &p.gu));
-  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, p.n_tiles, &p.dn));
+  const int n_tiles = n_tiles_for(a.tokens);
+  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, n_tiles, &p.gu));
+  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, n_tiles, &p.dn));
   const size_t ints = 1 + size_t(a.num_experts + 1) + 2 * size_t(a.num_experts) + 2 * size_t(p.pairs);
   size_t off = 0;
   p.ints_off = off;
@@ -230,10 +220,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.o_off = off;
   off = align256(off + size_t(p.pairs) * a.hidden * 2);
   p.counters_off = off;
-  p.counters_bytes = align256(size_t(p.max_active) * std::max(p.gu.row_groups, p.dn.row_groups) * sizeof(int));
+  p.counters_bytes =
+      align256(size_t(p.max_active) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
   off += p.counters_bytes;
   p.partials_off = off;
-  off += std::max(size_t(p.gu.grid) * 2 * p.gu.slot_bytes, size_t(p.dn.grid) * 2 * p.dn.slot_bytes);
+  off += std::max(size_t(p.gu.grid) * 2 * detail::partial_slot_bytes(*p.gu.dense.cfg),
+                  size_t(p.dn.grid) * 2 * detail::partial_slot_bytes(*p.dn.dense.cfg));
   p.total = align256(off);
   *out = p;
   return Status::Ok();
@@ -261,9 +253,8 @@ Status check_expert_data(const ExpertWeights& w, const std::string& nm) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status moe_validate(const MoEArgs& a) {
+// The rules on shapes and options (all the workspace size depends on), then the plan.
+Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
   if (a.tokens < 1) return Status::Invalid("tokens: must be >= 1 (got " + str(a.tokens) + ")");
   if (a.tokens > INT32_MAX / 64) return Status::Invalid("tokens: must be < 2^25 (got " + str(a.tokens) + ")");
   if (a.num_experts < 1 || a.num_experts > 4096)
@@ -280,13 +271,19 @@ Status moe_validate(const MoEArgs& a) {
                            str(a.inter) + ")");
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up.format));
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up.format));
-  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.gate_up, "gate_up"));
-  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.down, "down"));
   if (a.activation != MoEActivation::kSiluAndMul && a.activation != MoEActivation::kSwigluOAI)
     return Status::Invalid("activation: must be silu_and_mul or swiglu_oai");
   if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
     return Status::Invalid("layout: must be concatenated or interleaved");
   if (!(a.limit > 0.0f) || !std::isfinite(a.alpha)) return Status::Invalid("alpha, limit: must be finite, limit > 0");
+  return make_moe_plan(a, plan);
+}
+
+// Every rule; on success `plan` is the launch plan (fused_moe validates and plans once).
+Status validate(const MoEArgs& a, MoEPlan* plan) {
+  FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, plan));
+  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.gate_up, "gate_up"));
+  FP4KIT_RETURN_IF_ERROR(check_expert_data(a.down, "down"));
   if (!a.x || !aligned16(a.x)) return Status::Invalid("x: must be a non-null, 16-byte aligned pointer");
   if (!a.y || !aligned16(a.y)) return Status::Invalid("y: must be a non-null, 16-byte aligned pointer");
   if (!a.topk_ids) return Status::Invalid("topk_ids: must not be null");
@@ -295,33 +292,33 @@ Status moe_validate(const MoEArgs& a) {
   const char* yb = static_cast<const char*>(a.y);
   const int64_t bytes = a.tokens * a.hidden * 2;
   if (xb < yb + bytes && yb < xb + bytes) return Status::Invalid("y: must not overlap x");
-  MoEPlan plan;
-  FP4KIT_RETURN_IF_ERROR(make_moe_plan(a, &plan));
   if (!a.workspace || !aligned16(a.workspace))
-    return Status::Invalid("workspace: must be a non-null, 16-byte aligned pointer (" + std::to_string(plan.total) +
+    return Status::Invalid("workspace: must be a non-null, 16-byte aligned pointer (" + std::to_string(plan->total) +
                            " bytes, see moe_workspace_bytes)");
-  if (a.workspace_bytes < plan.total)
-    return Status::Invalid("workspace_bytes: must be >= " + std::to_string(plan.total) + " (got " +
+  if (a.workspace_bytes < plan->total)
+    return Status::Invalid("workspace_bytes: must be >= " + std::to_string(plan->total) + " (got " +
                            std::to_string(a.workspace_bytes) + ")");
   return Status::Ok();
 }
 
+}  // namespace
+
+Status moe_validate(const MoEArgs& a) {
+  MoEPlan plan;
+  return validate(a, &plan);
+}
+
 Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
   if (!bytes) return Status::Invalid("bytes: must not be null");
-  MoEArgs probe = a;  // the size depends on shapes only
-  if (probe.tokens < 1) return Status::Invalid("tokens: must be >= 1 (got " + str(a.tokens) + ")");
-  if (probe.num_experts < 1 || probe.top_k < 1 || probe.top_k > probe.num_experts)
-    return Status::Invalid("num_experts, top_k: need 1 <= top_k <= num_experts");
   MoEPlan plan;
-  FP4KIT_RETURN_IF_ERROR(make_moe_plan(probe, &plan));
+  FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
   *bytes = plan.total;
   return Status::Ok();
 }
 
 Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
-  FP4KIT_RETURN_IF_ERROR(moe_validate(a));
   MoEPlan plan;
-  FP4KIT_RETURN_IF_ERROR(make_moe_plan(a, &plan));
+  FP4KIT_RETURN_IF_ERROR(validate(a, &plan));
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const int E = a.num_experts;
   int* ints = reinterpret_cast<int*>(ws + plan.ints_off);
@@ -339,15 +336,11 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
-    kernels::DecodeParams p{};
+    const PackedLayout& l = gp.dense.layout;
+    kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups);
     p.x = x;
     p.y = y;
-    p.n = int(w.n);
-    p.k = int(w.k);
-    p.row_tiles = int(gp.layout.row_tiles);
-    p.k_chunks = int(gp.layout.k_chunks);
-    p.k_macros = int(gp.layout.k_macros);
-    p.row_groups = gp.row_groups;
+    p.x_rows = x_rows;
     p.units = 0;  // grouped: n_active * row_groups * k_macros, read on the device
     p.counters = counters;
     p.partials = partials;
@@ -355,19 +348,15 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.n_active = b.n_active;
     s.active = b.active;
     s.offset = b.offset;
-    s.x_rows = x_rows;
     s.base = static_cast<const uint8_t*>(w.data);
     s.stride = w.stride;
-    s.weights_offset = gp.layout.weights_offset;
-    s.scales_offset = gp.layout.scales_offset;
-    s.out_scale_offset = gp.layout.out_scale_offset;
+    s.weights_offset = l.weights_offset;
+    s.scales_offset = l.scales_offset;
+    s.out_scale_offset = l.out_scale_offset;
     s.bias = w.bias;
-    gp.fn<<<gp.grid, gp.cfg.warps * 32, gp.smem, stream>>>(p);
+    gp.fn<<<gp.grid, gp.dense.cfg->warps * 32, gp.dense.smem_bytes, stream>>>(p);
   };
-  int sms = 0, dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int ew_blocks = std::max(1, sms) * 4;  // element-wise kernels: grid-stride loops
+  const int ew_blocks = std::max(1, plan.gu.sms) * 4;  // element-wise kernels: grid-stride loops
 
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
     const int tokens = int(std::min<int64_t>(kPassTokens, a.tokens - t0));

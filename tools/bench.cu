@@ -65,14 +65,6 @@ std::vector<Shape> suite(const std::string& name) {
   return s;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // cuBLASLt: Y[m, n] (row-major) = X[m, k] W[n, k]^T, i.e. column-major C[n, m] = W^T(op T) * X.
 struct Lt {
   cublasLtHandle_t h;
@@ -116,12 +108,6 @@ struct Lt {
                        ws_bytes, s));
   }
 };
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return o;
-}
 
 }  // namespace
 
@@ -352,9 +338,6 @@ int main(int argc, char** argv) {
     std::printf("wrote tuning table %s (load it with FP4KIT_TUNING_TABLE=%s)\n", opt["tune"].c_str(), opt["tune"].c_str());
   }
   if (!opt["json"].empty()) {
-    char date[64];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     FILE* fjson = std::fopen(opt["json"].c_str(), "w");
     if (!fjson) {
       std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["json"].c_str());
@@ -366,7 +349,7 @@ int main(int argc, char** argv) {
                  ">= 8 calls over rotating weight copies (> 2x L2), median of %d replays; cuBLASLt best of "
                  "heuristic top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
-                 date, json_escape(opt["suite"]).c_str(), replays, rows.str().c_str());
+                 utc_now().c_str(), json_escape(opt["suite"]).c_str(), replays, rows.str().c_str());
     std::fclose(fjson);
     std::printf("wrote %s\n", opt["json"].c_str());
   }

@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "fp4kit/formats.h"
@@ -136,6 +139,30 @@ double eager_time_us(cudaStream_t s, int copies, int iters, Fn fn) {
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
   return median(t) * 1000.0;
+}
+
+// ---- command line and JSON ---------------------------------------------------------------------------
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+inline std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return o;
+}
+
+// Now, UTC, ISO 8601 (the "date" of a result file).
+inline std::string utc_now() {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return date;
 }
 
 }  // namespace fp4bench

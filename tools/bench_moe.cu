@@ -52,15 +52,6 @@ std::vector<MoEShape> models(const std::string& name) {
   return out;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // E experts of [n, k], random checkpoint data prepacked on the GPU into one stacked buffer.
 struct Stack {
   void* buf = nullptr;
@@ -240,9 +231,6 @@ int main(int argc, char** argv) {
     }
   }
   if (!opt["json"].empty()) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     FILE* fj = std::fopen(opt["json"].c_str(), "w");
     if (!fj) {
       std::fprintf(stderr, "fp4kit-bench-moe: cannot write %s\n", opt["json"].c_str());
@@ -252,7 +240,8 @@ int main(int argc, char** argv) {
                  "{\n  \"tool\": \"fp4kit-bench-moe\",\n  \"device\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                  "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays; "
                  "touched bytes = distinct experts per call x prepacked bytes per expert\",\n  \"rows\": [\n%s\n  ]\n}\n",
-                 prop.name, opt["commit"].c_str(), date, kRoutings, replays, rows.str().c_str());
+                 json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,
+                 replays, rows.str().c_str());
     std::fclose(fj);
     std::printf("wrote %s\n", opt["json"].c_str());
   }

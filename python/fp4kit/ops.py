@@ -272,14 +272,7 @@ _moe_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
 def _moe_workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    slot = (device.index, stream)
-    ws = _moe_workspaces.get(slot)
-    if ws is None or ws.numel() < nbytes:
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        _moe_workspaces[slot] = ws
-    return ws
+    return torch_ops._workspace(device, stream, nbytes, _moe_workspaces, zeroed=False)
 
 
 def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,

@@ -63,16 +63,22 @@ def _gemm_ws_bytes(device_index: int, m: int, format: str, n: int, k: int, act: 
 _workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
-def _workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+def _workspace(device: torch.device, stream: int, nbytes: int,
+               cache: Optional[Dict[Tuple[int, int], torch.Tensor]] = None, zeroed: bool = True) -> torch.Tensor:
+    """The scratch buffer of a call on (device, stream): from `cache` (default: the GEMM's), grown when too
+    small. `zeroed`: the op needs it zero-filled (the GEMM, which leaves it zeroed); otherwise the op
+    initialises what it relies on (the MoE layer)."""
+    new = torch.zeros if zeroed else torch.empty
     if torch.cuda.is_current_stream_capturing():
-        # Inside a CUDA graph capture: a fresh buffer from the graph's private pool, zeroed by a captured
-        # memset, so the graph never shares scratch memory with eager calls (or with other graphs).
-        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        # Inside a CUDA graph capture: a fresh buffer from the graph's private pool (zeroed by a captured
+        # memset where needed), so the graph never shares scratch memory with eager calls (or other graphs).
+        return new(nbytes, dtype=torch.uint8, device=device)
+    cache = _workspaces if cache is None else cache
     key = (device.index, stream)
-    ws = _workspaces.get(key)
+    ws = cache.get(key)
     if ws is None or ws.numel() < nbytes:
-        ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-        _workspaces[key] = ws
+        ws = new(nbytes, dtype=torch.uint8, device=device)
+        cache[key] = ws
     return ws
 
 

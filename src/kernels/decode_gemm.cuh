@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "fp4kit/formats.h"
+#include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
 
 namespace fp4kit {
@@ -51,7 +52,6 @@ struct GroupedSchedule {
   const int* n_active;      // [1] number of active experts
   const int* active;        // [E] active expert ids (any order)
   const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
-  const int* x_rows;        // [rows] X row of each sorted row, or null (sorted row r reads X row r)
   const uint8_t* base;      // expert e's prepacked buffer: base + e * stride
   size_t stride;
   size_t weights_offset, scales_offset, out_scale_offset;
@@ -71,11 +71,23 @@ struct DecodeParams {
   int64_t units;          // row_groups * k_macros
   int* counters;          // [row_groups], zero between calls
   float* partials;        // [gridDim.x][2][slot floats]
-  const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: gathered rows)
+  const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: of each sorted row)
   GroupedSchedule grouped; // grouped (MoE) kernels only, see above
 };
 
 
+
+// The shape fields of a launch over a weight of layout `l` (the caller sets tokens, pointers and workspace).
+inline DecodeParams shape_params(const PackedLayout& l, int row_groups) {
+  DecodeParams p{};
+  p.n = int(l.n);
+  p.k = int(l.k);
+  p.row_tiles = int(l.row_tiles);
+  p.k_chunks = int(l.k_chunks);
+  p.k_macros = int(l.k_macros);
+  p.row_groups = row_groups;
+  return p;
+}
 
 // ---- PTX wrappers --------------------------------------------------------------------------------
 
@@ -98,8 +110,6 @@ template <typename T> struct Act;
 
 // BF16: codes -> bf16 bits 6..8 (+ sign 15); value e2m1 * 2^-126.
 template <> struct Act<__nv_bfloat16> {
-  static constexpr float kNvScaleFactor = 0x1p117f;  // s * 2^117 (times 2^-126 = s * 2^-9)
-  static constexpr float kMxScaleFactor = 1.0f;      // 2^(e'-127) (times 2^-126 = 2^(e'-253))
   template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
     if (P == 0) return q & 0x81C081C0u;
     if (P == 1) return (q << 3) & 0x81C081C0u;
@@ -110,10 +120,6 @@ template <> struct Act<__nv_bfloat16> {
     uint32_t d;  // fma with -0 addend: a*b exactly signed (sm_80 has no bf16x2 mul)
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
     return d;
-  }
-  __device__ __forceinline__ static uint32_t splat(float v) {
-    __nv_bfloat162 h = __float2bfloat162_rn(v);
-    return *reinterpret_cast<uint32_t*>(&h);
   }
   __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -128,8 +134,6 @@ template <> struct Act<__nv_bfloat16> {
 
 // FP16: codes -> half bits 9..11 (+ sign 15); value e2m1 * 2^-14.
 template <> struct Act<__half> {
-  static constexpr float kNvScaleFactor = 0x1p5f;     // s * 2^5 (times 2^-14 = s * 2^-9)
-  static constexpr float kMxScaleFactor = 0x1p-112f;  // 2^(e'-239) (times 2^-14 = 2^(e'-253))
   template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
     if (P == 0) return ((q << 3) & 0x0E000E00u) | (q & 0x80008000u);
     if (P == 1) return ((q << 6) & 0x0E000E00u) | ((q << 3) & 0x80008000u);
@@ -140,10 +144,6 @@ template <> struct Act<__half> {
     uint32_t d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
-  }
-  __device__ __forceinline__ static uint32_t splat(float v) {
-    __half2 h = __float2half2_rn(v);
-    return *reinterpret_cast<uint32_t*>(&h);
   }
   __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -411,8 +411,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       q.scales = wb + gs.scales_offset;
       q.out_scale = reinterpret_cast<const float*>(wb + gs.out_scale_offset);
       q.bias = gs.bias ? static_cast<const T*>(gs.bias) + int64_t(e) * p.n : nullptr;
-      q.x_rows = gs.x_rows ? gs.x_rows + r0 : nullptr;
-      q.x = gs.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
+      q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
+      q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
       q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
     }
 

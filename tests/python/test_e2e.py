@@ -158,14 +158,11 @@ def test_compiled_decode_step_matches_eager(models):
     assert torch.equal(out, e2e.generate(models["nvfp4"], prompt, 5))
 
 
-@pytest.mark.skipif(not _GPU, reason="no CUDA GPU (torch.cuda.is_available() is False or fp4kit sees no device)")
-@pytest.mark.parametrize("variant", ["bf16", "nvfp4", "mxfp4"])
-def test_cuda_graph_decode_matches_eager(variant):
-    model = e2e.build_model(TINY, variant, "cuda", seed=0)
-    prompt = _ids(3, 20, seed=4, device="cuda")
+def _decode_eager_and_graph(model, prompt):
+    """Greedy decode of 8 tokens eagerly and through the captured step: {graph: (ids, logits of 7 steps)}."""
     runs = {}
     for graph in (False, True):
-        r = e2e.Runner(model, 3, e2e.cache_len(20, 8), 8, graph=graph)
+        r = e2e.Runner(model, prompt.shape[0], e2e.cache_len(prompt.shape[1], 8), 8, graph=graph)
         r.prefill(prompt)
         r.prepare()
         logits = []
@@ -175,6 +172,15 @@ def test_cuda_graph_decode_matches_eager(variant):
         torch.cuda.synchronize()
         runs[graph] = (r.out[:, :8].clone(), torch.stack(logits))
         assert (r._g is not None) == graph
+    return runs
+
+
+@pytest.mark.skipif(not _GPU, reason="no CUDA GPU (torch.cuda.is_available() is False or fp4kit sees no device)")
+@pytest.mark.parametrize("variant", ["bf16", "nvfp4", "mxfp4"])
+def test_cuda_graph_decode_matches_eager(variant):
+    model = e2e.build_model(TINY, variant, "cuda", seed=0)
+    prompt = _ids(3, 20, seed=4, device="cuda")
+    runs = _decode_eager_and_graph(model, prompt)
     assert torch.equal(runs[True][0], runs[False][0])
     assert _rel(runs[True][1], runs[False][1]) < 1e-3
     # and the CUDA decode agrees with a full forward on the GPU
@@ -241,17 +247,6 @@ def test_moe_block_is_the_reference_moe():
 @pytest.mark.skipif(not _GPU, reason="no CUDA GPU (torch.cuda.is_available() is False or fp4kit sees no device)")
 def test_cuda_graph_moe_decode_matches_eager():
     model = e2e.build_model(TINY_MOE, "mxfp4", "cuda", seed=0)
-    prompt = _ids(3, 20, seed=4, device="cuda")
-    runs = {}
-    for graph in (False, True):
-        r = e2e.Runner(model, 3, e2e.cache_len(20, 8), 8, graph=graph)
-        r.prefill(prompt)
-        r.prepare()
-        logits = []
-        for _ in range(7):
-            r.step()
-            logits.append(r.logits.clone())
-        torch.cuda.synchronize()
-        runs[graph] = (r.out[:, :8].clone(), torch.stack(logits))
+    runs = _decode_eager_and_graph(model, _ids(3, 20, seed=4, device="cuda"))
     assert torch.equal(runs[True][0], runs[False][0])
     assert _rel(runs[True][1], runs[False][1]) < 1e-3
