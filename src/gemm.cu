@@ -13,23 +13,18 @@
 #include "fp4kit/gemm.h"
 #include "fp4kit/tuning.h"
 #include "gemm_internal.h"
-#include "kernels/decode_gemm.cuh"
+#include "decode_kernels.cuh"
 #include "repack_common.h"
 
 namespace fp4kit {
 namespace {
 
-using KernelFn = void (*)(const kernels::DecodeParams);
+using KernelFn = detail::DecodeKernelFn;
 
 // The config table, instantiated: entry I of kKernelConfigs becomes one kernel per (format, dtype).
-template <Format F, typename T, size_t I>
-KernelFn instantiate() {
-  constexpr KernelConfig c = kKernelConfigs[I];
-  return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages>;
-}
 template <Format F, typename T, size_t... I>
 KernelFn kernel_for_impl(int id, std::index_sequence<I...>) {
-  KernelFn fns[] = {instantiate<F, T, I>()...};
+  KernelFn fns[] = {detail::decode_kernel_of<F, T, I>()...};
   for (size_t i = 0; i < sizeof...(I); ++i)
     if (kKernelConfigs[i].id == id) return fns[i];
   return nullptr;
@@ -113,21 +108,25 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (facts.major < 8)
     return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(facts.major) +
                                "." + std::to_string(facts.minor) + ")");
-  const int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name);
+  const int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.major);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
+  if (!config_supported(*cfg, facts.major))
+    return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +
+                               std::to_string(facts.major) + "." + std::to_string(facts.minor) + ")");
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
   KernelFn fn = select_kernel(w.format, act, id);
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), cfg->warps * 32,
-                                         kernels::x_stage_bytes_for(cfg->n_tiles), nullptr, nullptr, &per_sm));
+  const int threads = launch_threads(*cfg), smem = launch_smem_bytes(*cfg);
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, nullptr, &per_sm));
 
   DecodePlan p;
   p.cfg = cfg;
   p.kernel = reinterpret_cast<const void*>(fn);
-  p.smem_bytes = kernels::x_stage_bytes_for(cfg->n_tiles);
+  p.threads = threads;
+  p.smem_bytes = smem;
   p.layout = l;
   p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
@@ -179,7 +178,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    fn<<<plan.grid, plan.cfg->warps * 32, plan.smem_bytes, stream>>>(p);
+    fn<<<plan.grid, plan.threads, plan.smem_bytes, stream>>>(p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

@@ -12,6 +12,7 @@ namespace detail {
 struct DecodePlan {
   const KernelConfig* cfg = nullptr;
   const void* kernel = nullptr;  // the instantiated kernel for (format, act, cfg)
+  int threads = 0;               // its block size
   int smem_bytes = 0;            // its dynamic shared memory
   PackedLayout layout;           // of the weight
   int64_t m_block = 0;      // tokens per launch (8 * n_tiles)
@@ -25,6 +26,9 @@ struct DecodePlan {
 inline size_t partial_slot_bytes(const KernelConfig& c) {
   return size_t(c.warps) * c.row_tiles * c.n_tiles * 4 * 32 * sizeof(float);
 }
+
+// Threads of a config's CTA: its warps, plus the producer warp of the bulk pipeline.
+inline int launch_threads(const KernelConfig& c) { return (c.warps + (c.pipeline == kBulk ? 1 : 0)) * 32; }
 
 // Everything a launch needs, from the shape, the config table and the (cached) device facts. Fails with
 // the rule on bad shapes or configs, and with "device: ..." on a device fp4kit cannot run on.

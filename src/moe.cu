@@ -21,7 +21,7 @@
 
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
-#include "kernels/decode_gemm.cuh"
+#include "decode_kernels.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
 #include "repack_common.h"
@@ -139,29 +139,32 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* o, const int* row_of_pai
 }
 
 // ---- the grouped GEMM kernels ----------------------------------------------------------------------
-// The config table's first entry for each n_tiles (the dispatcher's default for small layers),
-// instantiated in grouped mode with BF16 activations.
-using GroupedFn = void (*)(const kernels::DecodeParams);
+// The config table's first entry for each n_tiles and pipeline (the dispatcher's default for small
+// layers), instantiated in grouped mode with BF16 activations: the bulk pipeline on Hopper, the register
+// ring elsewhere.
+using GroupedFn = detail::DecodeKernelFn;
 
-constexpr int first_index(int n_tiles) {
+constexpr int first_index(int n_tiles, int pipeline) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles) return i;
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == pipeline) return i;
   return -1;
 }
-template <Format F, int NT>
+template <Format F, int NT, int P>
 GroupedFn grouped_instance() {
-  constexpr KernelConfig c = kKernelConfigs[first_index(NT)];
-  return &kernels::decode_gemm_kernel<F, __nv_bfloat16, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks,
-                                      c.stages, true>;
+  return detail::decode_kernel_of<F, __nv_bfloat16, size_t(first_index(NT, P)), true>();
 }
-template <Format F>
+template <Format F, int P>
 GroupedFn grouped_kernel(int n_tiles) {
   switch (n_tiles) {
-    case 1: return grouped_instance<F, 1>();
-    case 2: return grouped_instance<F, 2>();
-    case 4: return grouped_instance<F, 4>();
-    default: return grouped_instance<F, 8>();
+    case 1: return grouped_instance<F, 1, P>();
+    case 2: return grouped_instance<F, 2, P>();
+    case 4: return grouped_instance<F, 4, P>();
+    default: return grouped_instance<F, 8, P>();
   }
+}
+template <int P>
+GroupedFn grouped_kernel(Format f, int n_tiles) {
+  return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, P>(n_tiles) : grouped_kernel<Format::kMXFP4, P>(n_tiles);
 }
 int n_tiles_for(int64_t tokens) {
   const int64_t t = std::min<int64_t>(tokens, kPassTokens);
@@ -182,11 +185,19 @@ struct GroupedPlan {
 Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, GroupedPlan* out) {
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
-  FP4KIT_RETURN_IF_ERROR(
-      detail::make_plan(8 * n_tiles, pw, DType::kBF16, kKernelConfigs[first_index(n_tiles)].id, &p.dense));
-  p.fn = w.format == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4>(n_tiles) : grouped_kernel<Format::kMXFP4>(n_tiles);
+  // The bulk pipeline where the device runs it (make_plan says Unsupported elsewhere), else the ring.
+  Status st = detail::make_plan(8 * n_tiles, pw, DType::kBF16, kKernelConfigs[first_index(n_tiles, kBulk)].id, &p.dense);
+  if (st.ok()) {
+    p.fn = grouped_kernel<kBulk>(w.format, n_tiles);
+  } else if (st.code() == Code::kNotSupported) {
+    FP4KIT_RETURN_IF_ERROR(
+        detail::make_plan(8 * n_tiles, pw, DType::kBF16, kKernelConfigs[first_index(n_tiles, kRing)].id, &p.dense));
+    p.fn = grouped_kernel<kRing>(w.format, n_tiles);
+  } else {
+    return st;
+  }
   int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.cfg->warps * 32,
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
   const int64_t max_units = int64_t(max_active) * p.dense.units;
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
@@ -354,7 +365,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.scales_offset = l.scales_offset;
     s.out_scale_offset = l.out_scale_offset;
     s.bias = w.bias;
-    gp.fn<<<gp.grid, gp.dense.cfg->warps * 32, gp.dense.smem_bytes, stream>>>(p);
+    gp.fn<<<gp.grid, gp.dense.threads, gp.dense.smem_bytes, stream>>>(p);
   };
   const int ew_blocks = std::max(1, plan.gu.sms) * 4;  // element-wise kernels: grid-stride loops
 

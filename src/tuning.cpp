@@ -173,7 +173,7 @@ const char* kernel_config_name(int id) {
 }
 
 int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const std::string& device_name,
-                    std::string* why) {
+                    std::string* why, int cc_major) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     load_env_once();
@@ -182,7 +182,7 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
       const Entry* best = nullptr;
       for (const Entry& e : g_table.entries)
         if (e.format == f && e.act == act && e.n == n && e.k == k && e.m_max >= mb &&
-            (!best || e.m_max < best->m_max))
+            config_supported(*find_config(e.config), cc_major) && (!best || e.m_max < best->m_max))
           best = &e;
       if (best) {
         if (why)
@@ -192,7 +192,7 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
       }
     }
   }
-  return pick_config(m, n, k, why);
+  return pick_config(m, n, k, why, cc_major);
 }
 
 }  // namespace fp4kit

@@ -274,14 +274,15 @@ int main(int argc, char** argv) {
       int ncfg = 0;
       const KernelConfig* table = kernel_configs(&ncfg);
       std::vector<int> cfgs;
-      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name);
+      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, prop.major);
       int best_cfg = picked;
       double best_us = 1e30;
       cfgs.push_back(picked);
       if (sweep)
         for (int ci = 0; ci < ncfg; ++ci) {
           const int need = int((std::min<int64_t>(m, 64) + 7) / 8);
-          if (table[ci].id != picked && table[ci].n_tiles >= need && table[ci].n_tiles <= 2 * need)
+          if (table[ci].id != picked && table[ci].n_tiles >= need && table[ci].n_tiles <= 2 * need &&
+              config_supported(table[ci], prop.major))
             cfgs.push_back(table[ci].id);
         }
       for (int cfg : cfgs) {

@@ -27,10 +27,11 @@ Status load_tuning_table(const std::string& path);
 Status load_tuning_table_text(const std::string& text, const std::string& origin);
 void clear_tuning_table();
 
-// The config the dispatcher picks for this problem on a device named `device_name`, and why (the
-// tuning-table entry or the analytic rule). Needs no GPU.
+// The config the dispatcher picks for this problem on a device named `device_name` of compute capability
+// major `cc_major`, and why (the tuning-table entry or the analytic rule; only configs the device runs).
+// Needs no GPU.
 int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const std::string& device_name,
-                    std::string* why = nullptr);
+                    std::string* why = nullptr, int cc_major = 9);
 
 // The name of a kernel config id (from dispatch_config), or "unknown".
 const char* kernel_config_name(int id);

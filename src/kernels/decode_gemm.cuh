@@ -285,12 +285,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // Copy X[0:m, 512 j : 512 j + 512] into buffer `xs` (zero past K).
+// Threads tid = 0 .. nthreads-1 share the copy.
 template <typename T, int NT>
-__device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j) {
+__device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int tid, int nthreads) {
   const T* x = static_cast<const T*>(p.x);
   constexpr int kPieces = layout::kMacroK / 8;  // 16-byte pieces per token row
   const int total = p.m * kPieces;
-  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+  for (int i = tid; i < total; i += nthreads) {
     const int tok = i / kPieces, piece = i % kPieces;
     const int k = j * layout::kMacroK + piece * 8;
     const bool valid = k < p.k;
@@ -367,10 +368,126 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
   }
 }
 
+// The next segment of a CTA's stream-K range starting at unit u: row group rg (in the launch's row-group
+// space), K slices [j0, j1). Advances u.
+__device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_macros, int& rg, int& j0, int& j1) {
+  rg = int(u / k_macros);
+  j0 = int(u % k_macros);
+  j1 = int(u_end - u < int64_t(k_macros - j0) ? j0 + (u_end - u) : k_macros);
+  u += j1 - j0;
+}
+
+// The segment's problem: the whole GEMM (lrg = rg), or (grouped) one expert's matrix and rows, with lrg
+// the row group inside that matrix.
+template <typename T, bool kGrouped>
+__device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, DecodeParams& q, int& lrg) {
+  q = p;
+  lrg = rg;
+  if constexpr (kGrouped) {
+    const GroupedSchedule& gs = p.grouped;
+    const int e = gs.active[rg / p.row_groups];
+    lrg = rg % p.row_groups;
+    const int r0 = gs.offset[e];
+    q.m = gs.offset[e + 1] - r0;
+    const uint8_t* wb = gs.base + size_t(e) * gs.stride;
+    q.weights = reinterpret_cast<const uint4*>(wb + gs.weights_offset);
+    q.scales = wb + gs.scales_offset;
+    q.out_scale = reinterpret_cast<const float*>(wb + gs.out_scale_offset);
+    q.bias = gs.bias ? static_cast<const T*>(gs.bias) + int64_t(e) * p.n : nullptr;
+    q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
+    q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
+    q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
+  }
+}
+
+// The end of a segment that covers only part of its row group's K: park the partial tile, count arrivals;
+// the last CTA to arrive sums all partials in CTA order (deterministic) and runs the epilogue.
+// One thread (tid 0 of the WARPS warps that computed) publishes for the CTA: barrier, then a gpu-scope
+// fence and the atomic (the fence is cumulative over the stores the barrier made visible to it). The last
+// arrival reads the partials of up to kBatch CTAs at once: this tail runs after the weight stream has
+// ended, so it costs whole L2 round trips; reading the partials one CTA after another cost one per CTA
+// (ncu, Llama-8B o at m = 1: 8 partials, SMs active only 53% of the kernel's duration).
+// `sync` is a barrier over exactly those WARPS warps; `s_last` a shared int.
+template <typename T, int NT, int RW, int WARPS, class Sync>
+__device__ __forceinline__ void finish_split(const DecodeParams& p, const DecodeParams& q, int64_t b, int64_t G,
+                                             int64_t units, int rg, int first_rg, const int* rt, int g, int t,
+                                             float (&acc)[RW][NT][4], int* s_last, Sync sync) {
+  constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
+  const int base = (warp * RW) * NT * 128;
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
+  sync();
+  const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
+  const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
+  const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const bool last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
+    if (last) __threadfence();
+    *s_last = last;
+  }
+  sync();
+  if (!*s_last) return;
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+  constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
+  constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
+  for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
+    float v[kBatch][kTile];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t c = c0 + i;
+      if (c > b_hi) break;
+      const int c_first_rg = int((c * units / G) / p.k_macros);
+      const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
+#pragma unroll
+      for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {  // in CTA order: the sum is the same whatever the timing
+      if (c0 + i > b_hi) break;
+#pragma unroll
+      for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[i][(r * NT + nt) * 4 + e];
+    }
+  }
+  epilogue<T, NT, RW>(q, rt, g, t, acc);
+  if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
+}
+
+// The units of a launch (grouped: read from the device schedule) and CTA b's range of them. The host sizes
+// the grid to at most `units` (dense); grouped grids are sized for the most experts a call can touch, so
+// CTAs past the actual unit count leave (returns false), and the others split the units among themselves
+// (every range non-empty, which the fixup's arrival count relies on).
+template <bool kGrouped>
+__device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units, int64_t& G, int64_t& u_begin,
+                                          int64_t& u_end) {
+  units = p.units;
+  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
+  G = min(int64_t(gridDim.x), units);
+  const int64_t b = blockIdx.x;
+  if (b >= G) return false;
+  u_begin = b * units / G;
+  u_end = (b + 1) * units / G;
+  return true;
+}
+
 template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
-  constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -381,40 +498,16 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
-  int64_t units = p.units;
-  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
-  // The host sizes the grid to at most `units` (dense); grouped grids are sized for the most experts a
-  // call can touch, so CTAs past the actual unit count leave, and the others split the units among
-  // themselves (every range non-empty, which the fixup's arrival count relies on).
-  const int64_t G = min(int64_t(gridDim.x), units), b = blockIdx.x;
-  if (b >= G) return;
-  const int64_t u_begin = b * units / G, u_end = (b + 1) * units / G;
+  int64_t units, G, u_begin, u_end;
+  if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
+  const int64_t b = blockIdx.x;
   const int first_rg = int(u_begin / p.k_macros);
 
   for (int64_t u = u_begin; u < u_end;) {
-    const int rg = int(u / p.k_macros);
-    const int j0 = int(u % p.k_macros);
-    const int j1 = int(u_end - u < int64_t(p.k_macros - j0) ? j0 + (u_end - u) : p.k_macros);
-    u += j1 - j0;
-
-    // The segment's problem: the whole GEMM, or (grouped) one expert's matrix and rows.
-    DecodeParams q = p;
-    int lrg = rg;
-    if constexpr (kGrouped) {
-      const GroupedSchedule& gs = p.grouped;
-      const int e = gs.active[rg / p.row_groups];
-      lrg = rg % p.row_groups;
-      const int r0 = gs.offset[e];
-      q.m = gs.offset[e + 1] - r0;
-      const uint8_t* wb = gs.base + size_t(e) * gs.stride;
-      q.weights = reinterpret_cast<const uint4*>(wb + gs.weights_offset);
-      q.scales = wb + gs.scales_offset;
-      q.out_scale = reinterpret_cast<const float*>(wb + gs.out_scale_offset);
-      q.bias = gs.bias ? static_cast<const T*>(gs.bias) + int64_t(e) * p.n : nullptr;
-      q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
-      q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
-      q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
-    }
+    int rg, j0, j1, lrg;
+    next_segment(u, u_end, p.k_macros, rg, j0, j1);
+    DecodeParams q;
+    segment_problem<T, kGrouped>(p, rg, q, lrg);
 
     int rt[RW];
 #pragma unroll
@@ -436,7 +529,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     Scales<F, T> sc[RW];
     load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
     __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
-    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0);
+    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0, threadIdx.x, blockDim.x);
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
@@ -452,7 +545,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           // buffer now receives slice j+1.
           cp_async_wait_all();
           __syncthreads();
-          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1);
+          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
 #pragma unroll
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
@@ -465,65 +558,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       epilogue<T, NT, RW>(q, rt, g, t, acc);
       continue;
     }
-
-    // Split row group: park the partial tile, count arrivals; the last CTA sums all partials in CTA order.
-    // One thread publishes for the CTA (barrier, then a gpu-scope fence and the atomic: the fence is
-    // cumulative over the stores the barrier made visible to it), and the last arrival reads the partials
-    // of up to kBatch CTAs at once: this tail runs after the weight stream has ended, so it costs whole
-    // L2 round trips; reading the partials one CTA after another cost one per CTA (ncu, Llama-8B o at
-    // m = 1: 8 partials, SMs active only 53% of the kernel's duration).
-    float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
-    const int base = (warp * RW) * NT * 128;
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
-    __syncthreads();
-    const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
-    const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
-    const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
-    if (threadIdx.x == 0) {
-      __threadfence();
-      const bool last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
-      if (last) __threadfence();
-      s_last = last;
-    }
-    __syncthreads();
-    if (!s_last) continue;
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
-    constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
-    constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
-    for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
-      float v[kBatch][kTile];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int64_t c = c0 + i;
-        if (c > b_hi) break;
-        const int c_first_rg = int((c * units / G) / p.k_macros);
-        const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
-#pragma unroll
-        for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {  // in CTA order: the sum is the same whatever the timing
-        if (c0 + i > b_hi) break;
-#pragma unroll
-        for (int r = 0; r < RW; ++r)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[i][(r * NT + nt) * 4 + e];
-      }
-    }
-    epilogue<T, NT, RW>(q, rt, g, t, acc);
-    if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); });
   }
 }
 
