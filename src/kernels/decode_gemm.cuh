@@ -89,6 +89,23 @@ inline DecodeParams shape_params(const PackedLayout& l, int row_groups) {
   return p;
 }
 
+// ---- Optional timeline (tools/trace_decode.cu defines FP4KIT_DECODE_TRACE; the library never does) ------
+// Thread 0 of each CTA records SM clock64 at points 0..7 and %globaltimer at entry (8) and exit (9).
+#ifdef FP4KIT_DECODE_TRACE
+__device__ unsigned long long* g_decode_trace;  // [gridDim.x][16]
+__device__ __forceinline__ void decode_trace(int i) {
+  if (threadIdx.x == 0 && g_decode_trace && i >= 0) g_decode_trace[blockIdx.x * 16 + i] = clock64();
+}
+__device__ __forceinline__ void decode_trace_global(int i) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (threadIdx.x == 0 && g_decode_trace) g_decode_trace[blockIdx.x * 16 + i] = t;
+}
+#else
+__device__ __forceinline__ void decode_trace(int) {}
+__device__ __forceinline__ void decode_trace_global(int) {}
+#endif
+
 // ---- PTX wrappers --------------------------------------------------------------------------------
 
 // Streaming 16-byte load: read-only path, no L1 allocation (read once), L2 evict-first policy so the
@@ -411,7 +428,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
 template <typename T, int NT, int RW, int WARPS, class Sync>
 __device__ __forceinline__ void finish_split(const DecodeParams& p, const DecodeParams& q, int64_t b, int64_t G,
                                              int64_t units, int rg, int first_rg, const int* rt, int g, int t,
-                                             float (&acc)[RW][NT][4], int* s_last, Sync sync) {
+                                             float (&acc)[RW][NT][4], int* s_last, Sync sync, int trace_slot = -1) {
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
@@ -433,6 +450,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
     *s_last = last;
   }
   sync();
+  decode_trace(trace_slot);
   if (!*s_last) return;
 #pragma unroll
   for (int r = 0; r < RW; ++r)
@@ -502,8 +520,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
   const int first_rg = int(u_begin / p.k_macros);
+  decode_trace_global(8);
+  decode_trace(0);
+  int seg = 0;
 
-  for (int64_t u = u_begin; u < u_end;) {
+  for (int64_t u = u_begin; u < u_end; ++seg) {
     int rg, j0, j1, lrg;
     next_segment(u, u_end, p.k_macros, rg, j0, j1);
     DecodeParams q;
@@ -551,15 +572,22 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
         compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
+        if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
       }
     }
+    decode_trace(seg == 0 ? 2 : 5);
 
     if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
+      if (seg == 0) decode_trace(4);
       continue;
     }
-    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); });
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },
+                                   seg == 0 ? 3 : 6);
+    if (seg == 0) decode_trace(4);
   }
+  decode_trace(7);
+  decode_trace_global(9);
 }
 
 }  // namespace kernels

@@ -1,0 +1,187 @@
+// fp4kit-trace-decode: where one decode GEMM call's time goes, from timestamps taken inside the kernel.
+//
+//   fp4kit-trace-decode [--shapes N:K,N:K,...] [--m 1] [--runs 20]
+//
+// The register-ring decode kernel is compiled here with FP4KIT_DECODE_TRACE (the library's copy has no
+// timestamps); launches use the library's own plan (grid, row groups, workspace). Thread 0 of every CTA
+// records clock64 at: entry (0), its first stage multiplied (1), end of its first segment's main loop (2),
+// after the stream-K arrival count (3), end of the first segment (4), end of the second segment's main loop
+// (5), after its arrival count (6), exit (7); and %globaltimer at entry and exit. Weights rotate over copies
+// past 2x L2 (cold), NVFP4, m = 1 (config m8_r1_w8_b3_c8x1) or m = 16 (m16_r1_w8_b2_c4x2).
+// Printed per shape (medians over runs; per-CTA phases as medians over CTAs): graph per-call time of the
+// same kernel, the kernel's span (first entry to last exit), CTA entry spread, exit spread, and the phases.
+#define FP4KIT_DECODE_TRACE 1
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+#include "configs.h"
+#include "fp4kit/gemm.h"
+#include "fp4kit/repack.h"
+#include "gemm_internal.h"
+#include "kernels/decode_gemm.cuh"
+
+using namespace fp4kit;
+using namespace fp4bench;
+
+namespace {
+
+__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = h & 0x77777777u;  // finite codes and scales (no E4M3 NaN bytes)
+  }
+}
+__global__ void fill_float(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+using Fn = void (*)(const kernels::DecodeParams);
+template <int NT, int RW, int W, int MINB, int CH, int D>
+Fn trace_kernel() {
+  return &kernels::decode_gemm_kernel<Format::kNVFP4, __nv_bfloat16, NT, RW, W, MINB, CH, D>;
+}
+
+double med(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> opt = {
+      {"shapes", "10240:8192,8192:8192,57344:8192,8192:28672,6144:4096,4096:4096,28672:4096,4096:14336"},
+      {"m", "1"},
+      {"runs", "20"}};
+  for (int i = 1; i + 1 < argc; i += 2) opt[std::string(argv[i]).substr(2)] = argv[i + 1];
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("No CUDA GPU found: fp4kit-trace-decode needs an NVIDIA GPU\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const double ghz = khz * 1e-6;  // clock64 ticks per ns
+  const int m = std::atoi(opt["m"].c_str());
+  const int runs = std::atoi(opt["runs"].c_str());
+  const int cfg_id = m <= 8 ? 0 : 4;  // m8_r1_w8_b3_c8x1 / m16_r1_w8_b2_c4x2
+  const Fn fn = m <= 8 ? trace_kernel<1, 1, 8, 3, 8, 1>() : trace_kernel<2, 1, 8, 2, 4, 2>();
+  const KernelConfig* cfg = find_config(cfg_id);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  std::printf("# %s, m = %d, config %s, SM clock %.2f GHz; times in us (medians)\n", prop.name, m, cfg->name, ghz);
+  std::printf("%-12s %6s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s\n", "shape", "grid", "graph", "span", "entry",
+              "exit", "first", "loop0", "count0", "fin0", "seg1", "tail");
+
+  for (const std::string& sh : split(opt["shapes"])) {
+    long long n = 0, k = 0;
+    if (std::sscanf(sh.c_str(), "%lld:%lld", &n, &k) != 2) {
+      std::fprintf(stderr, "fp4kit-trace-decode: --shapes entries are N:K (got '%s')\n", sh.c_str());
+      return 2;
+    }
+    PackedLayout l;
+    CKS(packed_layout(Format::kNVFP4, n, k, &l));
+    const int copies = int(std::max<size_t>(2, (2 * size_t(prop.l2CacheSize)) / l.total_bytes + 2));
+    std::vector<void*> wp(copies);
+    for (auto& p : wp) {
+      CK(cudaMalloc(&p, l.total_bytes));
+      fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(p), l.total_bytes / 4, uint32_t(reinterpret_cast<uintptr_t>(p)));
+      fill_float<<<64, 256>>>(reinterpret_cast<float*>(static_cast<uint8_t*>(p) + l.out_scale_offset), size_t(l.n_pad), 1e-3f);
+    }
+    void *x = nullptr, *y = nullptr;
+    CK(cudaMalloc(&x, size_t(m) * k * 2));
+    CK(cudaMalloc(&y, size_t(m) * n * 2));
+    fill_kernel<<<256, 256>>>(static_cast<uint32_t*>(x), size_t(m) * k / 2, 7u);  // bf16 pairs, finite
+    detail::DecodePlan plan;
+    CKS(detail::make_plan(m, PackedWeight{Format::kNVFP4, n, k, wp[0]}, DType::kBF16, cfg_id, &plan));
+    void* ws = nullptr;
+    if (plan.workspace_bytes) {
+      CK(cudaMalloc(&ws, plan.workspace_bytes));
+      CK(cudaMemset(ws, 0, plan.workspace_bytes));
+    }
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
+    auto launch = [&](int i) {
+      kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups);
+      const uint8_t* base = static_cast<const uint8_t*>(wp[size_t(i % copies)]);
+      p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
+      p.scales = base + l.scales_offset;
+      p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
+      p.units = plan.units;
+      p.counters = plan.workspace_bytes ? static_cast<int*>(ws) : nullptr;
+      p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counters_bytes) : nullptr;
+      p.m = m;
+      p.x = x;
+      p.y = y;
+      fn<<<plan.grid, plan.threads, plan.smem_bytes, s>>>(p);
+    };
+    // Graph time without timestamps.
+    unsigned long long* null_trace = nullptr;
+    CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &null_trace, sizeof(null_trace)));
+    const double graph_us = graph_time_us(s, std::max(copies, 8), 100, launch);
+
+    unsigned long long* dtrace = nullptr;
+    CK(cudaMalloc(&dtrace, size_t(plan.grid) * 16 * 8));
+    CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &dtrace, sizeof(dtrace)));
+    std::vector<unsigned long long> h(size_t(plan.grid) * 16);
+    std::vector<double> span, entry, exitv, first, loop0, count0, fin0, seg1, tail;
+    for (int r = 0; r < runs + 2; ++r) {
+      CK(cudaMemset(dtrace, 0, size_t(plan.grid) * 16 * 8));
+      launch(r);
+      CK(cudaStreamSynchronize(s));
+      if (r < 2) continue;  // warm-up
+      CK(cudaMemcpy(h.data(), dtrace, h.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long g0 = ~0ull, g1 = 0, e1 = 0, x0 = ~0ull;
+      std::vector<double> f, l0, c0, f0, s1, tl;
+      for (int b = 0; b < plan.grid; ++b) {
+        const unsigned long long* t = &h[size_t(b) * 16];
+        g0 = std::min(g0, t[8]);
+        e1 = std::max(e1, t[8]);
+        g1 = std::max(g1, t[9]);
+        x0 = std::min(x0, t[9]);
+        auto d = [&](int a, int z) { return double(t[z] - t[a]) / ghz * 1e-3; };
+        if (t[1]) f.push_back(d(0, 1));
+        if (t[1] && t[2]) l0.push_back(d(1, 2));
+        if (t[3]) c0.push_back(d(2, 3));
+        if (t[4]) f0.push_back(d(t[3] ? 3 : 2, 4));
+        if (t[5]) s1.push_back(d(4, 5));
+        tl.push_back(d(t[5] ? 5 : 4, 7));
+      }
+      span.push_back(double(g1 - g0) * 1e-3);
+      entry.push_back(double(e1 - g0) * 1e-3);
+      exitv.push_back(double(g1 - x0) * 1e-3);
+      first.push_back(med(f));
+      loop0.push_back(med(l0));
+      count0.push_back(med(c0));
+      fin0.push_back(med(f0));
+      seg1.push_back(med(s1));
+      tail.push_back(med(tl));
+    }
+    std::printf("%-12s %6d %7.1f %7.1f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", sh.c_str(), plan.grid,
+                graph_us, med(span), med(entry), med(exitv), med(first), med(loop0), med(count0), med(fin0), med(seg1),
+                med(tail));
+    std::fflush(stdout);
+    CK(cudaFree(dtrace));
+    for (void* p : wp) CK(cudaFree(p));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    if (ws) CK(cudaFree(ws));
+  }
+  std::printf("graph: per-call time in a CUDA graph; span: first CTA entry to last CTA exit (globaltimer);\n"
+              "entry/exit: spread of CTA entry/exit times; first: entry to first stage multiplied; loop0: rest of\n"
+              "the first segment's main loop; count0: partial stores + fence + arrival count; fin0: last arrival's\n"
+              "partial sum + epilogue (or the epilogue); seg1: second segment; tail: end of last segment to exit.\n");
+  return 0;
+}
