@@ -1,16 +1,32 @@
 #!/usr/bin/env python3
-"""Turn fp4kit-bench JSON into the summary table, the README performance table and PNG plots.
+"""Turn fp4kit's JSON reports into the summary tables, the README tables and PNG plots.
 
     tools/report.py bench/results/decode_*.json [--summary] [--readme README.md] [--plot DIR]
     tools/report.py bench/results/moe.json [--summary] [--readme README.md] [--plot DIR]   (fp4kit-bench-moe)
+    tools/report.py bench/results/e2e_*.json [--summary] [--readme README.md]              (python -m fp4kit.e2e)
+    tools/report.py bench/results/quality*.json [--summary] [--readme README.md]           (python -m fp4kit.quality)
+    tools/report.py --merge bench/results/e2e_llama70b.json bench/results/e2e_llama70b-*.json   (join e2e steps)
 
+Each report goes to its own README markers: perf-table, moe-table, e2e-table (Llama-3.1-8B),
+e2e-llama70b-table, e2e-gptoss-table, quality-table (GPU runs first, then the CPU reference). The e2e and quality
+tables come from python/fp4kit/tables.py, loaded from its file: no torch and no built fp4kit are needed.
 Every number comes from the JSON files; nothing is typed in by hand.
 """
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
+
+
+def _tables():
+    """python/fp4kit/tables.py as a module of its own (it imports only the standard library)."""
+    path = Path(__file__).resolve().parent.parent / "python" / "fp4kit" / "tables.py"
+    spec = importlib.util.spec_from_file_location("fp4kit_tables", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def load(paths):
@@ -20,6 +36,9 @@ def load(paths):
         with open(p) as f:
             d = json.load(f)
         d["_path"] = str(p)
+        if d.get("tool") in ("fp4kit.e2e", "fp4kit.quality"):
+            runs.append(d)
+            continue
         d["rows"] = [r for r in d["rows"] if r.get("dispatch", True)]
         runs.append(d)
     return runs
@@ -166,16 +185,53 @@ def plot(runs, outdir):
             print(f"wrote {name}")
 
 
+def e2e_and_quality(reports, summary_, readme):
+    """fp4kit.e2e reports (one README table per model's marker) and fp4kit.quality reports (one table)."""
+    t = _tables()
+    e2e = [d for d in reports if d.get("tool") == "fp4kit.e2e"]
+    quality = sorted((d for d in reports if d.get("tool") == "fp4kit.quality"), key=lambda d: d["engine"] == "numpy")
+    by_marker = {}
+    for d in e2e:
+        by_marker.setdefault(t.e2e_marker(d), []).append(d)
+    for marker, ds in by_marker.items():
+        if len(ds) > 1:
+            sys.exit(f"report: {len(ds)} e2e reports for the README table {marker} "
+                     f"({', '.join(d['_path'] for d in ds)}); merge them first (--merge)")
+        d = ds[0]
+        if summary_:
+            print(t.e2e_text(d) + "\n")
+        if readme:
+            update_readme(readme, t.e2e_markdown(d) + f"\n\n(`{Path(d['_path']).as_posix()}`)", marker)
+    if quality:
+        if summary_:
+            for d in quality:
+                print(t.quality_text(d) + "\n")
+        if readme:
+            update_readme(readme, t.quality_markdown(quality, [Path(d["_path"]).as_posix() for d in quality]),
+                          t.QUALITY_MARKER)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="+")
     ap.add_argument("--summary", action="store_true")
     ap.add_argument("--readme")
     ap.add_argument("--plot")
+    ap.add_argument("--merge", metavar="OUT", help="join fp4kit.e2e reports (the steps of one large run) into OUT")
     a = ap.parse_args()
+    if a.merge:
+        t = _tables()
+        merged = t.merge_e2e(t.load(a.json))
+        t.write_json(a.merge, merged)
+        print(f"wrote {a.merge}: {len(merged['rows'])} rows, {len(merged['skipped'])} skipped, from "
+              f"{len(a.json)} report(s)")
+        return
     runs = load(a.json)
+    other = [d for d in runs if d.get("tool") in ("fp4kit.e2e", "fp4kit.quality")]
     moe = [d for d in runs if d.get("tool") == "fp4kit-bench-moe"]
-    runs = [d for d in runs if d.get("tool") != "fp4kit-bench-moe"]
+    runs = [d for d in runs if d.get("tool") not in ("fp4kit-bench-moe", "fp4kit.e2e", "fp4kit.quality")]
+    if other:
+        e2e_and_quality(other, a.summary, a.readme)
     if a.summary:
         if runs:
             print(summary(runs))

@@ -5,6 +5,8 @@
     python -m fp4kit.e2e --model llama-3.3-70b --layers 40 # BF16 and FP4 at the same depth
     python -m fp4kit.e2e --json out.json --plot out.png --commit abc1234 --markdown
     python -m fp4kit.e2e --model tiny --device cpu --prompt 16 --gen 8   # the same code, eager, on the CPU
+    python -m fp4kit.e2e --step llama70b-a --json out.json # one step of the large-run plan (tools/gpu-e2e-large)
+    python -m fp4kit.e2e_plan                              # that plan: memory and time per step (no torch needed)
 
 Model: Llama-style decoder blocks in plain PyTorch: RMSNorm, rotary embeddings (half-split, as in Hugging
 Face; no Llama-3.1 frequency rescaling, which changes no shape or cost), grouped-query attention through
@@ -39,11 +41,18 @@ total_tok_s = batch * gen / (prefill + decode); peak_gib: torch.cuda.max_memory_
 weights included; ratio_vs_bf16: decode tokens/s over the BF16 row of the same model, depth and batch.
 
 Fit rule: before each variant, and again before each batch, the tool estimates the memory it needs (weights
-exactly, the KV cache, prefill activations roughly) against the free GPU memory. A variant whose smallest
-batch does not fit is skipped, and so is a batch that does not fit (or runs out of memory); the tool prints
-the rule and the largest depth that would fit. BF16 Llama-3.3-70B (141 GB of weights) leaves too little of
-one 141 GB GPU for the larger batches' KV cache and prefill: run FP4 at full depth, and compare BF16 with FP4
-at a depth that fits (``--layers N``, the same for every variant), saying so.
+exactly, the KV cache, prefill activations roughly; fp4kit.e2e_plan) against the free GPU memory. A variant
+whose smallest batch does not fit is skipped, and so is a batch that does not fit (or runs out of memory); the
+tool prints the rule and the largest depth that would fit. BF16 Llama-3.3-70B (141 GB of weights) fits one H200
+at batches 1 and 10 but leaves too little for batch 64's KV cache and prefill: FP4 runs at full depth, and BF16
+is compared with FP4 at batch 64 at a depth that fits (``--layers N``, the same for every variant), saying so.
+The large runs (Llama-3.3-70B, gpt-oss-120b) are split into steps of at most 10 minutes each
+(``fp4kit.e2e_plan.LARGE_STEPS``, ``--step NAME``); ``--json`` is rewritten after every measured row.
+
+Weights are drawn and quantized on the GPU (``torch.Tensor.normal_`` in BF16, then fp4kit's GPU quantizer and
+prepack, one Linear or expert at a time; no host round trip), recorded per row as ``build_s``. Drawing FP4
+codes directly would save only the quantizer's pass over the weights and would break "FP4 quantized from the
+same BF16 weights".
 """
 from __future__ import annotations
 
@@ -54,76 +63,25 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from . import __version__, packed_layout
+from . import __version__
 from . import nn as fnn
+from . import tables
+from .e2e_plan import (GIB, KEPT_BF16, LARGE_STEPS, PRESETS, VARIANTS, Config, cache_len, max_layers,  # noqa: F401
+                       memory_estimate, plan_text, weight_bytes)
+from .e2e_plan import _max_layers, act_bytes as _act_bytes, kv_bytes as _kv_bytes  # noqa: F401
 
 __all__ = ["Config", "PRESETS", "VARIANTS", "KEPT_BF16", "Decoder", "KVCache", "Runner", "build_model", "generate",
            "cache_len", "weight_bytes", "memory_estimate", "max_layers", "run", "table", "markdown", "plot", "main"]
 
-VARIANTS = ("bf16", "nvfp4", "mxfp4")
-KEPT_BF16 = ("token embedding, LM head, RMSNorm weights, MoE routers (all variants); KV cache and activations are "
-             "BF16")
 _BF16 = torch.bfloat16
-_GIB = float(1 << 30)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Decoder shape. head_dim * heads need not equal hidden (it does for the Llama presets)."""
-    name: str
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    rope_theta: float = 500000.0
-    eps: float = 1e-5
-    # Mixture of experts (experts > 0): the MLP is `experts` experts of `intermediate` each, top_k per token,
-    # routed by a BF16 router (softmax over the top-k logits, as gpt-oss), run by torch.ops.fp4kit.fused_moe.
-    experts: int = 0
-    top_k: int = 0
-    moe_activation: str = "silu"       # or "swiglu_oai" (gpt-oss)
-    moe_layout: str = "concatenated"   # gate/up rows: or "interleaved" (gpt-oss)
-    moe_bias: bool = False             # expert and router biases (gpt-oss has them)
-
-    def __post_init__(self) -> None:
-        for f in ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"{f}: must be >= 1 (got {getattr(self, f)})")
-        if self.experts and not 1 <= self.top_k <= self.experts:
-            raise ValueError(f"top_k: must be in [1, experts = {self.experts}] (got {self.top_k})")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads: must be a multiple of kv_heads = {self.kv_heads} (got {self.heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim: must be even for rotary embeddings (got {self.head_dim})")
-
-    def linear_shapes(self) -> Dict[str, tuple]:
-        """(N, K) of each block's Linear: fused qkv, o, fused gate_up, down (of one expert, for an MoE)."""
-        h, hd = self.hidden, self.head_dim
-        return {"qkv": ((self.heads + 2 * self.kv_heads) * hd, h), "o": (h, self.heads * hd),
-                "gate_up": (2 * self.intermediate, h), "down": (h, self.intermediate)}
-
-
-PRESETS: Dict[str, Config] = {
-    "llama-3.1-8b": Config("llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256),
-    "llama-3.3-70b": Config("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256),
-    "tiny": Config("tiny", 256, 512, 2, 4, 2, 64, 1024),
-    # gpt-oss-120b's shapes (36 layers, 128 experts of 2880, top 4; attention 64 query / 8 KV heads of 64):
-    # its MoE blocks, with plain causal attention (no sliding window or attention sinks: no shape changes).
-    "gpt-oss-120b": Config("gpt-oss-120b", 2880, 2880, 36, 64, 8, 64, 201088, 150000.0, 1e-5, 128, 4, "swiglu_oai",
-                           "interleaved", True),
-    "tiny-moe": Config("tiny-moe", 256, 128, 2, 4, 2, 64, 1024, 500000.0, 1e-5, 8, 2, "swiglu_oai", "interleaved",
-                       True),
-}
+_GIB = float(GIB)
 
 
 # ---- model ------------------------------------------------------------------------------------------
@@ -397,11 +355,6 @@ class Runner:
             self._step()
 
 
-def cache_len(prompt: int, gen: int) -> int:
-    """KV slots for a prompt and `gen` generated tokens (the last one is never fed back), rounded up to 64."""
-    return -(-max(prompt + gen - 1, prompt + 2) // 64) * 64
-
-
 def generate(model: Decoder, prompt: torch.Tensor, gen: int, graph: Optional[bool] = None,
              compile: bool = False) -> torch.Tensor:
     """Greedy generation: prompt int [B, S] -> generated ids int [B, gen] (on the model's device)."""
@@ -417,53 +370,6 @@ def generate(model: Decoder, prompt: torch.Tensor, gen: int, graph: Optional[boo
 
 
 # ---- measurement ------------------------------------------------------------------------------------
-def weight_bytes(cfg: Config, variant: str) -> int:
-    """Bytes of the model's weights: block Linears in BF16 or FP4 (fp4kit's prepacked layout), plus the BF16
-    embedding, LM head and norms."""
-    per = 4 * cfg.hidden
-    for name, (n, k) in cfg.linear_shapes().items():
-        one = 2 * n * k if variant == "bf16" else packed_layout(variant, n, k)["total_bytes"]
-        if cfg.experts and name in ("gate_up", "down"):  # E experts, stacked at a 256-byte stride; biases
-            one = cfg.experts * ((one + 255) // 256 * 256 + (2 * n if cfg.moe_bias else 0))
-        per += one
-    if cfg.experts:  # the BF16 router
-        per += 2 * cfg.experts * (cfg.hidden + (1 if cfg.moe_bias else 0))
-    return cfg.layers * per + 2 * (2 * cfg.vocab * cfg.hidden + cfg.hidden)
-
-
-def _kv_bytes(cfg: Config, batch: int, max_len: int) -> int:
-    return 2 * 2 * cfg.layers * batch * cfg.kv_heads * max_len * cfg.head_dim
-
-
-def _act_bytes(cfg: Config, batch: int, prompt: int) -> int:
-    """Rough peak of the prefill's transient tensors (one layer live at a time) plus a fixed 1 GiB margin."""
-    qkv = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
-    per_token = 2 * (4 * cfg.intermediate + 3 * qkv + 3 * cfg.heads * cfg.head_dim + 6 * cfg.hidden)
-    return batch * prompt * per_token + 4 * batch * cfg.vocab + (1 << 30)
-
-
-def memory_estimate(cfg: Config, variant: str, batch: int, prompt: int, gen: int) -> Dict[str, int]:
-    """Bytes one measurement needs on the GPU: {"weights" (exact), "kv_cache" (exact), "activations" (the
-    prefill's, rough, with a 1 GiB margin), "total"}."""
-    max_len = cache_len(prompt, gen)
-    est = {"weights": weight_bytes(cfg, variant), "kv_cache": _kv_bytes(cfg, batch, max_len),
-           "activations": _act_bytes(cfg, batch, prompt)}
-    est["total"] = sum(est.values())
-    return est
-
-
-def max_layers(cfg: Config, variant: str, batch: int, prompt: int, gen: int, free: int) -> int:
-    """The largest depth of `cfg`'s shape whose memory_estimate total fits in `free` bytes."""
-    return _max_layers(cfg, variant, batch, cache_len(prompt, gen), prompt, free)
-
-
-def _max_layers(cfg: Config, variant: str, batch: int, max_len: int, prompt: int, free: int) -> int:
-    one, two = replace(cfg, layers=1), replace(cfg, layers=2)
-    per = weight_bytes(two, variant) - weight_bytes(one, variant) + _kv_bytes(one, batch, max_len)
-    fixed = weight_bytes(one, variant) - (per - _kv_bytes(one, batch, max_len)) + _act_bytes(cfg, batch, prompt)
-    return max(0, (free - fixed) // per)
-
-
 class _Clock:
     def __init__(self, dev: torch.device) -> None:
         self.cuda = dev.type == "cuda"
@@ -528,8 +434,13 @@ def _free(dev: torch.device) -> None:
 def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VARIANTS,
         batches: Sequence[int] = (1, 10, 64), prompt: int = 512, gen: int = 256, layers: Optional[int] = None,
         device: str = "cuda", graph: Optional[bool] = None, compile: bool = False, seed: int = 0,
-        commit: Optional[str] = None, log=print) -> dict:
-    """Measure every (model, variant, batch); returns the report (see the module docstring for the fields)."""
+        commit: Optional[str] = None, log=print, notes: Sequence[str] = (), step: Optional[str] = None,
+        on_update=None) -> dict:
+    """Measure every (model, variant, batch); returns the report (see the module docstring for the fields).
+
+    notes: lines recorded in the report's config (and shown under its README table); step: the name of the
+    large-run step (e2e_plan.LARGE_STEPS) this run is; on_update(report): called with the report so far
+    (``"partial": True``) after every measured or skipped row, so that a run cut short keeps its rows."""
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"variants: each must be one of {', '.join(VARIANTS)} (got {v!r})")
@@ -561,9 +472,35 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
     rows: List[dict] = []
     skipped: List[dict] = []
 
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def report(partial: bool) -> dict:
+        base = {(r["model"], r["layers"], r["batch"]): r["decode_tok_s"] for r in rows if r["variant"] == "bf16"}
+        for r in rows:
+            ref = base.get((r["model"], r["layers"], r["batch"]))
+            r["ratio_vs_bf16"] = round(r["decode_tok_s"] / ref, 3) if ref and r["decode_tok_s"] else None
+        cfgs = {m: asdict(PRESETS[m] if layers is None else replace(PRESETS[m], layers=layers)) for m in models}
+        rep = {"tool": "fp4kit.e2e", "device": dev_name, "commit": commit, "date": date,
+               "config": {"models": cfgs, "variants": list(variants), "batches": list(batches), "prompt": prompt,
+                          "gen": gen, "max_len": max_len, "cuda_graph": use_graph, "compile": compile, "seed": seed,
+                          "weights": "random normal(0, 0.02) bf16 drawn on the device; FP4 quantized from the same "
+                                     "on the device (build_s: drawing, quantizing and prepacking one variant)",
+                          "kept_bf16": KEPT_BF16, "fp4kit": __version__, "torch": torch.__version__,
+                          "decode_tok_s": "batch * (gen - 1) / decode time (the prefill produces the first token)",
+                          "step": step, "notes": list(notes)},
+               "rows": rows, "skipped": skipped}
+        if partial:
+            rep["partial"] = True
+        return rep
+
+    def update() -> None:
+        if on_update is not None:
+            on_update(report(True))
+
     def skip(cfg: Config, variant: str, batch: Optional[int], why: str) -> None:
         log(f"skipped: {variant} {cfg.name} ({cfg.layers} layers){f' batch {batch}' if batch else ''}: {why}")
         skipped.append({"model": cfg.name, "variant": variant, "layers": cfg.layers, "batch": batch, "reason": why})
+        update()
 
     def rule(cfg: Config, variant: str, batch: int, free: int) -> str:
         n = _max_layers(cfg, variant, batch, max_len, prompt, free)
@@ -600,7 +537,10 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
                 _free(dev)
                 skip(cfg, variant, None, f"out of memory while building: {oom}")
                 continue
-            log(f"  built in {time.perf_counter() - t0:.1f} s, weights {weight_bytes(cfg, variant) / _GIB:.2f} GiB")
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            build_s = time.perf_counter() - t0
+            log(f"  built in {build_s:.1f} s, weights {weight_bytes(cfg, variant) / _GIB:.2f} GiB")
             if compile:
                 torch._dynamo.reset()
             for b in batches:
@@ -614,6 +554,7 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
                              f"{free / _GIB:.1f} GiB are free. {rule(cfg, variant, b, total)}")
                         continue
                 row = oom = None
+                t1 = time.perf_counter()
                 try:
                     row = _measure(model, variant, b, prompt, gen, use_graph, compile, seed)
                 except torch.cuda.OutOfMemoryError as e:
@@ -622,72 +563,26 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
                     _free(dev)
                     skip(cfg, variant, b, f"out of memory: {oom}")
                     continue
+                row["build_s"], row["seconds"] = round(build_s, 2), round(time.perf_counter() - t1, 2)
                 rows.append(row)
                 log(f"  batch {b}: prefill {row['prefill_ms']:.1f} ms, decode {row['decode_tok_s']} tok/s"
-                    + (f", peak {row['peak_gib']:.2f} GiB" if row["peak_gib"] is not None else ""))
+                    + (f", peak {row['peak_gib']:.2f} GiB" if row["peak_gib"] is not None else "")
+                    + f" ({row['seconds']:.0f} s)")
+                update()
             del model
             _free(dev)
-    base = {(r["model"], r["layers"], r["batch"]): r["decode_tok_s"] for r in rows if r["variant"] == "bf16"}
-    for r in rows:
-        ref = base.get((r["model"], r["layers"], r["batch"]))
-        if ref and r["decode_tok_s"]:
-            r["ratio_vs_bf16"] = round(r["decode_tok_s"] / ref, 3)
-    cfgs = {m: asdict(PRESETS[m] if layers is None else replace(PRESETS[m], layers=layers)) for m in models}
-    return {"tool": "fp4kit.e2e", "device": dev_name, "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "config": {"models": cfgs, "variants": list(variants), "batches": list(batches), "prompt": prompt,
-                       "gen": gen, "max_len": max_len, "cuda_graph": use_graph, "compile": compile, "seed": seed,
-                       "weights": "random normal(0, 0.02) bf16 drawn on the device; FP4 quantized from the same",
-                       "kept_bf16": KEPT_BF16, "fp4kit": __version__, "torch": torch.__version__,
-                       "decode_tok_s": "batch * (gen - 1) / decode time (the prefill produces the first token)"},
-            "rows": rows, "skipped": skipped}
+    return report(False)
 
 
 def table(rep: dict) -> str:
-    """The report as a fixed-width text table."""
-    def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
-    lines = [f"device: {rep['device']}   commit: {rep['commit'] or '-'}   {rep['date']}",
-             f"prompt {rep['config']['prompt']}, gen {rep['config']['gen']}, CUDA graph: {rep['config']['cuda_graph']}"
-             f", compile: {rep['config']['compile']}; kept in BF16: {KEPT_BF16}", "",
-             f"{'model':14} {'variant':7} {'layers':>6} {'batch':>5} {'prefill ms':>11} {'decode tok/s':>13} "
-             f"{'ms/step':>8} {'peak GiB':>9} {'vs bf16':>8}"]
-    for r in rep["rows"]:
-        lines.append(f"{r['model']:14} {r['variant']:7} {r['layers']:6d} {r['batch']:5d} {r['prefill_ms']:11.1f} "
-                     f"{f(r['decode_tok_s'], '13.1f')} {f(r['decode_ms_per_step'], '8.3f')} "
-                     f"{f(r['peak_gib'], '9.2f')} {f(r['ratio_vs_bf16'], '7.2f')}{'x' if r['ratio_vs_bf16'] else ''}")
-    for s in rep["skipped"]:
-        lines.append(f"skipped: {s['model']} {s['variant']} layers {s['layers']} batch {s['batch'] or 'all'}: "
-                     f"{s['reason']}")
-    return "\n".join(lines)
+    """The report as a fixed-width text table (fp4kit.tables.e2e_text)."""
+    return tables.e2e_text(rep)
 
 
 def markdown(rep: dict) -> str:
-    """The report as a Markdown table (for the README): one line per model, depth and batch, the variants'
-    decode tokens/s side by side with their ratio to BF16."""
-    variants = list(dict.fromkeys(r["variant"] for r in rep["rows"]))
-    head = "| model | layers | batch | prefill ms (" + " / ".join(variants) + ") | " + \
-        " | ".join(f"{v} tok/s" for v in variants) + " | peak GiB (" + " / ".join(variants) + ") |"
-    lines = [f"**fp4kit.e2e** on {rep['device']}, commit `{rep['commit'] or '-'}`, {rep['date']}: prompt "
-             f"{rep['config']['prompt']}, {rep['config']['gen']} generated tokens, decode step in a CUDA graph: "
-             f"{rep['config']['cuda_graph']}. Kept in BF16: {KEPT_BF16}.", "", head,
-             "|---|---:|---:|---:|" + "---:|" * len(variants) + "---:|"]
-    groups = dict.fromkeys((r["model"], r["layers"], r["batch"]) for r in rep["rows"])
-    for key in groups:
-        by = {r["variant"]: r for r in rep["rows"] if (r["model"], r["layers"], r["batch"]) == key}
-
-        def cell(v):
-            r = by.get(v)
-            if r is None or r["decode_tok_s"] is None:
-                return "-"
-            ratio = f" ({r['ratio_vs_bf16']:.2f}x)" if r["ratio_vs_bf16"] and v != "bf16" else ""
-            return f"{r['decode_tok_s']:.0f}{ratio}"
-        pre = " / ".join(f"{by[v]['prefill_ms']:.0f}" if v in by else "-" for v in variants)
-        peak = " / ".join(f"{by[v]['peak_gib']:.1f}" if v in by and by[v]["peak_gib"] is not None else "-"
-                          for v in variants)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {pre} | " + " | ".join(cell(v) for v in variants)
-                     + f" | {peak} |")
-    return "\n".join(lines)
+    """The report as a Markdown table for the README (fp4kit.tables.e2e_markdown): one line per model, depth and
+    batch, the variants' decode tokens/s side by side with their ratio to BF16."""
+    return tables.e2e_markdown(rep)
 
 
 def plot(rep: dict, path: str) -> None:
@@ -758,29 +653,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a plot of decode tokens/s vs batch (needs matplotlib)")
     p.add_argument("--markdown", action="store_true", help="also print the table in Markdown (for the README)")
+    p.add_argument("--step", choices=sorted(LARGE_STEPS), help="run one step of the large-run plan (fp4kit.e2e_plan: "
+                   "model, depth, variants and batches from the plan; --prompt / --gen still apply)")
+    p.add_argument("--plan", action="store_true", help="print the large-run plan (memory and time) and exit")
     p.add_argument("--from-json", metavar="PATH", help="run nothing: read a report written by --json")
-    p.add_argument("--readme", metavar="PATH", help="write the Markdown table between the README's "
-                   "<!-- e2e-table:begin --> / <!-- e2e-table:end --> markers")
+    p.add_argument("--readme", metavar="PATH", help="write the Markdown table between the README's markers for the "
+                   "report's model (<!-- e2e-table:begin --> / <!-- e2e-table:end --> for llama-3.1-8b; "
+                   "e2e-llama70b-table, e2e-gptoss-table)")
     a = p.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if a.plan:
+        print(plan_text(a.prompt, a.gen))
+        return 0
     if a.from_json:
         rep = json.loads(Path(a.from_json).read_text())
         print(table(rep))
         if a.readme:
-            _update_readme(a.readme, markdown(rep) + f"\n\n(`{a.from_json}`)")
+            tables.update_readme(a.readme, tables.e2e_marker(rep), markdown(rep) + f"\n\n(`{a.from_json}`)")
         return 0
+    models, layers = [m for m in a.model.split(",") if m], a.layers
+    variants, batches, notes = [v for v in a.variants.split(",") if v], a.batches, []
+    if a.step:
+        st = LARGE_STEPS[a.step]
+        models, layers, variants, batches = [st.model], st.layers, list(st.variants), list(st.batches)
+        notes = [f"{st.model} at {st.layers} layers ({', '.join(st.variants)}): {st.note}"]
+
+    def write(rep: dict) -> None:
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(a.json + ".tmp")
+            tmp.write_text(json.dumps(rep, indent=2) + "\n")
+            tmp.replace(a.json)
+
     try:
-        rep = run([m for m in a.model.split(",") if m], [v for v in a.variants.split(",") if v], a.batches, a.prompt,
-                  a.gen, a.layers, a.device, False if a.no_graph else None, a.compile, a.seed, a.commit, log)
+        rep = run(models, variants, batches, a.prompt, a.gen, layers, a.device, False if a.no_graph else None,
+                  a.compile, a.seed, a.commit, log, notes=notes, step=a.step, on_update=write)
     except (ImportError, RuntimeError, ValueError, NotImplementedError) as e:
         print(f"fp4kit.e2e: error: {e}", file=sys.stderr)
         return 2
     print(table(rep))
     if a.markdown:
         print("\n" + markdown(rep))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(rep, indent=2) + "\n")
+    write(rep)
     if a.plot:
         try:
             plot(rep, a.plot)
@@ -788,16 +702,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"fp4kit.e2e: error: {e}", file=sys.stderr)
             return 2
     return 0
-
-
-def _update_readme(path: str, block: str) -> None:
-    text = Path(path).read_text()
-    b, e = "<!-- e2e-table:begin -->", "<!-- e2e-table:end -->"
-    if b not in text or e not in text:
-        raise SystemExit(f"{path}: markers {b} / {e} not found")
-    head, rest = text.split(b, 1)
-    tail = rest.split(e, 1)[1]
-    Path(path).write_text(head + b + "\n" + block + "\n" + e + tail)
 
 
 if __name__ == "__main__":
