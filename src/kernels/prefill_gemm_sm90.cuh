@@ -1,0 +1,506 @@
+// prefill_gemm_sm90.cuh: FP4 x BF16/FP16 GEMM for prefill (m >= 32, compute-bound) on Hopper: wgmma with
+// the dequantised weights as the register-sourced A operand, read from the decode kernel's prepacked layout.
+//
+// Contract
+//   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h; the same buffer the decode kernel
+//   reads, no second prepack), X/Y row-major in T (bf16/half), fp32 accumulation, the per-row fp32
+//   out_scale and the bias applied in fp32 before the cast (exactly the decode kernel's epilogue math).
+//   One CTA computes 128 weight rows x BN tokens over the whole K (no split-K): deterministic, no workspace.
+//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) (1-D, see cta_tile), kThreads threads, Geometry<BN>::kSmem bytes of
+//   dynamic shared memory, X described by a 2-D tensor map {K, m} of T, box {64, BN}, 128-byte swizzle, zero
+//   out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n and tokens >= m are never
+//   written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
+//
+// Why it is shaped this way
+//   Past m ~ 32 the GEMM is compute-bound, so the tensor cores must be fed by wgmma (mma.sync reaches
+//   ~60% of Hopper's dense peak at best). The product stays transposed (Y^T = W X^T) so that the weights
+//   are the A operand, the only wgmma operand that may come from registers: the dequantised FP4 never
+//   touches shared memory, and X (the B operand, 16-bit already) goes straight from TMA to wgmma.
+//   - A warpgroup owns 64 weight rows; warp w of the warpgroup owns one 16-row decode row tile, which is
+//     exactly wgmma's per-warp slice of A, with (we rely on it, and test_prefill_gpu's first case checks
+//     it) the same per-thread fragment layout as mma.m16n8k16's A: rows g, g+8 and k pairs 2t, 2t+8.
+//   - The prepacked record of lane t holds 16 *consecutive* K (decode_layout.h: one NVFP4 group per lane,
+//     so one scale per row per chunk), while wgmma's k16 step wants lane t to hold k {2t, 2t+1, 2t+8,
+//     2t+9} of 16 consecutive K of B. The decode kernel lets X follow the weights' K order (it builds its B
+//     fragments itself); here B is a TMA tile in natural K order, so the weights follow X instead: k16
+//     step s of a chunk covers the 16 K of quad lane s's record, and lane t reads that lane's record from
+//     shared memory (one 16-byte load, a broadcast within the quad) and keeps the words that hold its k
+//     pairs: 2t -> word t/2, pair half t%2 (pairs p0/p1, or p2/p3 for odd t); 2t+8 -> word 2 + t/2. The
+//     block scale is the source lane's, fetched with one shuffle per step. The dequantisation itself is
+//     the decode kernel's Act<T>::pair / mul2 and Scales<F, T>, unchanged (exact, see decode_gemm.cuh).
+//     Cost per lane per chunk: 4 shared loads, 4 shuffles, ~100 integer/16x2 ops, against 4 wgmma of
+//     64 x BN x 16 per warpgroup (BN = 256: ~512 tensor-core cycles): under a quarter of the issue slots.
+//   - Weight records are staged in shared memory (not loaded per lane from global as in decode) because
+//     lane t needs quad lane s's record: one cp.async.bulk per row tile and stage (1 KB, contiguous in the
+//     prepacked layout) is also the cheapest way to move them. Scale records (one per row tile and 512 K)
+//     are loaded by the consumers from global one K slice ahead, as in decode: too small to stage.
+//   - Warp specialisation: one producer warp (in a third warpgroup, so setmaxnreg can give its registers to
+//     the consumers: 2 x 232 + 40 = 3 x 168) fills an S-stage ring (stage = 128 K: X 2 x BN x 128 B, two
+//     swizzled 64-K halves, + 8 KB of records) guarded by full/empty mbarriers; 2 consumer warpgroups
+//     (128 rows) share each X stage, which halves X's shared-memory and L2 traffic per flop compared to one.
+//   - A stage's chunk 0 and chunk 1 are two wgmma groups with separate A registers: while one group runs,
+//     the next chunk is dequantised (wgmma.wait_group 1 keeps one group in flight); the stage is released
+//     to the producer after the wait that retires its last group.
+//   - 128 K per stage because MXFP4 lanes interleave two chunks over 128 K (lane_kbase): a stage then
+//     always holds both chunks of a lane's group. NVFP4 with an odd chunk count has a last stage of one
+//     chunk: its second chunk's fragments are zero (through the scale) against a zero-filled X half.
+//   - Tails: TMA zero-fills X past K and past m (so padded K meets zero X: never NaN * 0), prepack zero-pads
+//     the weights past K and N; row tiles past the matrix are not loaded (their garbage A rows only reach
+//     accumulator rows that are never written).
+#pragma once
+#include <cuda.h>  // CUtensorMap (the type only; nothing is linked from the driver here)
+
+#include "kernels/decode_gemm.cuh"
+
+namespace fp4kit {
+namespace kernels {
+namespace prefill {
+
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + the producer warpgroup
+constexpr int kRowTilesPerCta = 4 * kConsumerWarpgroups;   // one 16-row tile per consumer warp
+constexpr int kRowsPerCta = 16 * kRowTilesPerCta;
+constexpr int kStageChunks = 2;                            // 64-K chunks per stage
+constexpr int kStageK = kStageChunks * layout::kChunkK;
+constexpr int kRecordBytes = 32 * 16;                      // one row tile's records for one chunk
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;     // 2 * 232 + 40 == 3 * 168 (launch bound)
+static_assert(kConsumerWarpgroups * kConsumerRegs + kProducerRegs == 3 * 168, "setmaxnreg budget");
+
+// Shared memory of one stage: X halves [BN tokens][64 K] (128 B rows, 128-byte swizzle, 1024-aligned),
+// then the records [row tile][chunk][lane][16 B].
+template <int BN> struct Geometry {
+  static_assert(BN == 64 || BN == 128 || BN == 256, "token tile");
+  static constexpr int kXHalf = BN * 128;
+  static constexpr int kX = 2 * kXHalf;
+  static constexpr int kW = kRowTilesPerCta * kStageChunks * kRecordBytes;
+  static constexpr int kStage = kX + kW;
+  static constexpr int kFit = (220 * 1024) / kStage;
+  static constexpr int kStages = kFit > 8 ? 8 : kFit;
+  static constexpr int kSmem = kStages * kStage + 1024;  // + slack to align the ring to 1024 B
+  static constexpr int kAcc = BN / 2;                     // fp32 accumulators per thread (m64nBN)
+  static_assert(kStages >= 2 && kSmem <= 227 * 1024 - 256, "ring does not fit");
+};
+
+struct PrefillParams {
+  void* y;                 // [m, n]
+  const void* bias;        // [n] or null
+  const uint8_t* weights;  // prepacked records
+  const uint8_t* scales;   // prepacked scale records
+  const float* out_scale;  // [n_pad]
+  int m, n;
+  int row_tiles, k_chunks, k_macros;
+  int row_blocks, token_tiles;  // of 128 rows, of BN tokens: the grid is row_blocks * token_tiles CTAs
+};
+
+// CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
+// tiles fastest, then the row blocks, so a wave of ~132 CTAs touches ~33 row blocks' weights and 4 X
+// tiles (~16 MB + ~17 MB for K = 8192) that stay in L2, instead of 132 row blocks' weights (66 MB, more
+// than L2) that all token tiles would re-read from DRAM in row-block-major order.
+constexpr int kRasterTokenTiles = 4;
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile) {
+  const int per_group = p.row_blocks * kRasterTokenTiles;
+  const int grp = blockIdx.x / per_group, rem = blockIdx.x % per_group;
+  const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
+  token_tile = grp * kRasterTokenTiles + rem % tiles;
+  row_block = rem / tiles;
+}
+
+// ---- PTX wrappers (sm_90) --------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      " .reg .pred done;\n"
+      "PREFILL_WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra PREFILL_WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: box {64 K, BN tokens} of X at (k, token) into `dst` (1024-aligned), completing on `bar`.
+__device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int tok, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(tok), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+// Scale records are re-read once per token tile: keep them at normal L2 priority (decode streams them).
+__device__ __forceinline__ uint64_t evict_normal_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma window.
+template <int N> __device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void fence_frag(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major operand with the 128-byte swizzle: rows of 128 B, 8-row
+// core-matrix groups 1024 B apart (SBO), LBO unused for swizzled K-major (set to 1), base offset 0 (every
+// X half starts on a 1024-byte boundary). A k16 step inside the 64-K swizzle row is selected by adding its
+// byte offset (32 per step) to the start address, the hardware applying the XOR pattern to the final
+// address exactly as TMA did when writing.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// wgmma.mma_async m64nBNk16, f32 += T(A, registers) * T(B, shared memory, K-major), scale-d = 1.
+template <typename T, int BN> struct Wgmma;
+template <> struct Wgmma<__nv_bfloat16, 64> {
+  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<__half, 64> {
+  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<__nv_bfloat16, 128> {
+  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<__half, 128> {
+  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<__nv_bfloat16, 256> {
+  __device__ __forceinline__ static void mma(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+template <> struct Wgmma<__half, 256> {
+  __device__ __forceinline__ static void mma(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  }
+};
+
+// The A fragments of one chunk (four k16 steps) for this lane, from the warp's 512-byte record block in
+// shared memory (`recs`: lane L's record at recs + 16 L). own_scale = Scales::get of this lane's own K
+// slice; step s takes quad lane s's record and scale (see the header comment).
+template <Format F, typename T>
+__device__ __forceinline__ void chunk_fragments(uint32_t (&a)[4][4], uint32_t recs, uint32_t own_scale, int lane) {
+  const int quad = lane & ~3, t = lane & 3;
+  const bool odd = (t & 1) != 0, upper = (t & 2) != 0;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint4 v = lds128(recs + (quad + s) * 16);
+    const uint32_t wa = upper ? v.y : v.x;  // k 2t, 2t+1   = K offsets 2t, 2t+1 of lane s's slice
+    const uint32_t wb = upper ? v.w : v.z;  // k 2t+8, 2t+9 = K offsets 2t+8, 2t+9
+    const uint32_t s2 = __shfl_sync(0xFFFFFFFFu, own_scale, quad + s);
+    const uint32_t s_lo = dup_lo(s2), s_hi = dup_hi(s2);
+    const uint32_t ga = odd ? Act<T>::template pair<2>(wa) : Act<T>::template pair<0>(wa);  // row g
+    const uint32_t ha = odd ? Act<T>::template pair<3>(wa) : Act<T>::template pair<1>(wa);  // row g+8
+    const uint32_t gb = odd ? Act<T>::template pair<2>(wb) : Act<T>::template pair<0>(wb);
+    const uint32_t hb = odd ? Act<T>::template pair<3>(wb) : Act<T>::template pair<1>(wb);
+    a[s][0] = Act<T>::mul2(ga, s_lo);  // a0a1: row g,   k 2t, 2t+1
+    a[s][1] = Act<T>::mul2(ha, s_hi);  // a2a3: row g+8, k 2t, 2t+1
+    a[s][2] = Act<T>::mul2(gb, s_lo);  // a4a5: row g,   k 2t+8, 2t+9
+    a[s][3] = Act<T>::mul2(hb, s_hi);  // a6a7: row g+8, k 2t+8, 2t+9
+  }
+}
+
+template <Format F, typename T, int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using G = Geometry<BN>;
+  constexpr int S = G::kStages;
+  extern __shared__ uint8_t prefill_smem[];
+  __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+  const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
+  int row_block, token_tile;
+  cta_tile(p, row_block, token_tile);
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(smem_u32(&full_bar[s]), 1);                        // producer's arrive + bytes
+      mbar_init(smem_u32(&empty_bar[s]), 4 * kConsumerWarpgroups);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= 4 * kConsumerWarpgroups) {
+    // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
+    setmaxnreg_dec<kProducerRegs>();
+    if (warp != 4 * kConsumerWarpgroups) return;
+    if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
+    const int rt0 = row_block * kRowTilesPerCta, tok0 = token_tile * BN;
+    const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
+    const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
+    const uint8_t* src = p.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
+    for (int s = 0; s < n_stages; ++s) {
+      const int slot = s % S;
+      mbar_wait(smem_u32(&empty_bar[slot]), ((s / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
+      const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
+      if (lane == 0) {
+        // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
+        // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
+        mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
+        tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
+        tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
+      }
+      __syncwarp();
+      if (copies)
+        bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
+                  uint32_t(nch * kRecordBytes), bar);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups: warp w (0..7) owns row tile rt = 8 * row_block + w, i.e. rows 16w..16w+15
+  // of the CTA's 128, which is warpgroup w/4's wgmma rows 16 (w%4) .. +15.
+  setmaxnreg_inc<kConsumerRegs>();
+  const int rt = row_block * kRowTilesPerCta + warp;
+  const bool rt_ok = rt < p.row_tiles;
+  const uint64_t pol = evict_normal_policy();
+  float acc[G::kAcc];
+#pragma unroll
+  for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+
+  ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
+  Scales<F, T> sc;
+  if (rt_ok) rec.load(p.scales, int64_t(rt) * p.k_macros * 32 + lane, pol);
+  else rec.zero();
+
+  // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
+  // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
+  for (int j = 0; j < p.k_macros; ++j) {
+    sc.decode(rec.v);
+    if (rt_ok && j + 1 < p.k_macros) rec.load(p.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+#pragma unroll
+    for (int q = 0; q < layout::kChunksPerMacro / kStageChunks; ++q) {
+      const int s = j * (layout::kChunksPerMacro / kStageChunks) + q;
+      if (s >= n_stages) break;  // uniform: only the last slice may be short
+      const int slot = s % S;
+      mbar_wait(smem_u32(&full_bar[slot]), (s / S) & 1);
+      const uint32_t st = ring + slot * G::kStage;
+      const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
+      const uint64_t desc0 = sw128_desc(st);
+#pragma unroll
+      for (int i = 0; i < kStageChunks; ++i) {
+        // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
+        // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
+        // wgmmas run regardless: control flow around them made ptxas close each group with an extra
+        // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
+        const bool have = kStageChunks * s + i < p.k_chunks;
+        uint32_t a[4][4];
+        chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
+        fence_acc(acc);
+        wgmma_fence();  // A registers and accumulators were written by this thread
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          // K offset of quad lane ks's slice in this stage (chunk i): NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
+          const int koff = int(layout::lane_kbase(F, i, ks));
+          const uint32_t off = (koff >> 6) * G::kXHalf + (koff & 63) * 2;
+          Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
+        }
+        wgmma_commit();
+        fence_acc(acc);
+        wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
+        if (i == 0 && s > 0) {
+          // That group was stage s-1's last: hand its slot back to the producer.
+          __syncwarp();
+          if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(s - 1) % S]));
+        }
+      }
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
+  // token 8j + 2t + e of the CTA's token tile.
+  if (!rt_ok) return;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = token_tile * BN;
+  T* y = static_cast<T*>(p.y);
+  const T* bias = static_cast<const T*>(p.bias);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = rt * 16 + g + 8 * h;
+    if (row >= p.n) continue;
+    const float f = p.out_scale[row];
+    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = tok0 + 8 * j + 2 * t + e;
+        if (tok < p.m) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+      }
+  }
+#else
+  __trap();  // built for another architecture: launch_prefill never launches this
+#endif
+}
+
+}  // namespace prefill
+}  // namespace kernels
+}  // namespace fp4kit
