@@ -1,6 +1,6 @@
 // fp4kit-trace-decode: where one decode GEMM call's time goes, from timestamps taken inside the kernel.
 //
-//   fp4kit-trace-decode [--shapes N:K,N:K,...] [--m 1] [--runs 20]
+//   fp4kit-trace-decode [--shapes N:K,N:K,...] [--m 1] [--runs 20] [--config ID]
 //
 // The register-ring decode kernel is compiled here with FP4KIT_DECODE_TRACE (the library's copy has no
 // timestamps); launches use the library's own plan (grid, row groups, workspace). Thread 0 of every CTA
@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {
       {"shapes", "10240:8192,8192:8192,57344:8192,8192:28672,6144:4096,4096:4096,28672:4096,4096:14336"},
       {"m", "1"},
-      {"runs", "20"}};
+      {"runs", "20"},
+      {"config", ""}};
   for (int i = 1; i + 1 < argc; i += 2) opt[std::string(argv[i]).substr(2)] = argv[i + 1];
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -77,9 +78,26 @@ int main(int argc, char** argv) {
   const double ghz = khz * 1e-6;  // clock64 ticks per ns
   const int m = std::atoi(opt["m"].c_str());
   const int runs = std::atoi(opt["runs"].c_str());
-  const int cfg_id = m <= 8 ? 0 : 4;  // m8_r1_w8_b3_c8x1 / m16_r1_w8_b2_c4x2
-  const Fn fn = m <= 8 ? trace_kernel<1, 1, 8, 3, 8, 1>() : trace_kernel<2, 1, 8, 2, 4, 2>();
+  // The two traced kernels; --config may name any table entry with the same template parameters (e.g. a
+  // variant with more waves).
+  const KernelConfig* k1 = find_config(0);  // m8_r1_w8_b3_c8x1
+  const KernelConfig* k16 = find_config(4); // m16_r1_w8_b2_c4x2
+  const int cfg_id = opt["config"].empty() ? (m <= 8 ? 0 : 4) : std::atoi(opt["config"].c_str());
   const KernelConfig* cfg = find_config(cfg_id);
+  auto same = [](const KernelConfig* a, const KernelConfig* b) {
+    return a && b && a->n_tiles == b->n_tiles && a->row_tiles == b->row_tiles && a->warps == b->warps &&
+           a->min_blocks == b->min_blocks && a->chunks == b->chunks && a->stages == b->stages &&
+           a->pipeline == b->pipeline;
+  };
+  if (!same(cfg, k1) && !same(cfg, k16)) {
+    std::fprintf(stderr, "fp4kit-trace-decode: --config must be a variant of %s or %s\n", k1->name, k16->name);
+    return 2;
+  }
+  if (8 * cfg->n_tiles < m) {
+    std::fprintf(stderr, "fp4kit-trace-decode: config %s serves m <= %d\n", cfg->name, 8 * cfg->n_tiles);
+    return 2;
+  }
+  const Fn fn = same(cfg, k1) ? trace_kernel<1, 1, 8, 3, 8, 1>() : trace_kernel<2, 1, 8, 2, 4, 2>();
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, config %s, SM clock %.2f GHz; times in us (medians)\n", prop.name, m, cfg->name, ghz);
