@@ -175,6 +175,9 @@ def quality_markdown(reps: Sequence[dict], sources: Optional[Sequence[str]] = No
     """fp4kit.quality reports as Markdown: per report a line saying what computed it (GPU kernels or the CPU
     numpy reference), then perplexity, ratio to BF16 and the greedy continuation of each variant."""
     out: List[str] = []
+    if not any(r["engine"] != "numpy" for r in reps):
+        out += ["**GPU (fp4kit's CUDA kernels)**: not measured yet; `tools/gpu-quality` writes "
+                "`bench/results/quality.json` on a GPU machine.", ""]
     for i, rep in enumerate(reps):
         src = f" (`{sources[i]}`)" if sources else ""
         commit = f", commit `{rep['commit']}`" if rep.get("commit") else ""
