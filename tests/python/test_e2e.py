@@ -138,6 +138,23 @@ def test_cli_writes_json_on_cpu(tmp_path, capsys):
     assert e2e.main(["--model", "tiny", "--device", "cpu", "--variants", "fp8"]) == 2
 
 
+def test_partial_reports_steps_and_plan(tmp_path, capsys):
+    seen = []
+    rep = e2e.run(["tiny"], ["bf16", "nvfp4"], [1, 2], prompt=8, gen=2, device="cpu", log=lambda s: None,
+                  notes=["a note"], step="llama70b-a", on_update=lambda r: seen.append(json.loads(json.dumps(r))))
+    assert [len(r["rows"]) for r in seen] == [1, 2, 3, 4] and all(r["partial"] for r in seen)
+    assert "partial" not in rep and rep["config"]["notes"] == ["a note"] and rep["config"]["step"] == "llama70b-a"
+    assert seen[-1]["rows"][-1]["ratio_vs_bf16"] == rep["rows"][-1]["ratio_vs_bf16"] > 0
+    assert all(r["build_s"] >= 0 and r["seconds"] > 0 for r in rep["rows"])
+    assert e2e.main(["--plan"]) == 0 and "llama70b-fit: llama-3.3-70b at 64 layers" in capsys.readouterr().out
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rep))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- e2e-table:begin -->\n<!-- e2e-table:end -->\n")
+    assert e2e.main(["--from-json", str(path), "--readme", str(readme)]) == 0   # tiny: the default marker
+    assert "| tiny | 2 | 2 |" in readme.read_text() and "- a note" in readme.read_text()
+
+
 def test_markdown_and_plot(tmp_path):
     rep = e2e.run(["tiny"], ["bf16", "mxfp4"], [1, 2], prompt=8, gen=2, device="cpu", commit="abc1234",
                   log=lambda s: None)
