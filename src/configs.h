@@ -21,11 +21,6 @@ struct KernelConfig {
                     // bulk: S shared-memory stages of one K slice each
   int pipeline;     // kRing: per-lane loads into a register ring (sm_80+); kBulk: a producer warp streams
                     // whole K slices into a shared-memory ring with cp.async.bulk + mbarriers (sm_90)
-  int waves = 1;    // grid = waves x resident CTAs (capped at the unit count). Above 1 the hardware block
-                    // scheduler hands the later CTAs to whichever SMs finish first: SMs do not all get the
-                    // same share of HBM bandwidth, and a grid of exactly one wave of equal ranges ends with
-                    // the slowest SMs streaming alone (in-kernel timeline, Llama-70B gate_up at m = 1: CTA
-                    // exits spread over 25 of the kernel's 79 us). Same kernel as waves = 1.
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1 };
@@ -60,16 +55,6 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
-    // More waves of the same kernels (see `waves`).
-    {18, "m8_r1_w8_b3_c8x1_x2", 1, 1, 8, 3, 8, 1, kRing, 2},
-    {19, "m8_r1_w8_b3_c8x1_x4", 1, 1, 8, 3, 8, 1, kRing, 4},
-    {20, "m8_r1_w8_b3_c8x1_x8", 1, 1, 8, 3, 8, 1, kRing, 8},
-    {21, "m8_r1_w8_b3_c4x2_x4", 1, 1, 8, 3, 4, 2, kRing, 4},
-    {22, "m16_r1_w8_b2_c4x2_x2", 2, 1, 8, 2, 4, 2, kRing, 2},
-    {23, "m16_r1_w8_b2_c4x2_x4", 2, 1, 8, 2, 4, 2, kRing, 4},
-    {24, "m16_r2_w8_b2_c4x2_x4", 2, 2, 8, 2, 4, 2, kRing, 4},
-    {25, "m64_r2_w8_b1_c8x1_x2", 8, 2, 8, 1, 8, 1, kRing, 2},
-    {26, "m64_r2_w8_b1_c8x1_x4", 8, 2, 8, 1, 8, 1, kRing, 4},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

@@ -133,7 +133,7 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
   p.units = int64_t(p.row_groups) * l.k_macros;
   const int64_t resident = int64_t(facts.sms) * per_sm;
-  p.grid = int(std::min<int64_t>(p.units, resident * std::max(1, cfg->waves)));
+  p.grid = int(std::min<int64_t>(p.units, resident));
   // Split row groups exist only when some CTA's range does not cover whole row groups.
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {

@@ -78,8 +78,7 @@ int main(int argc, char** argv) {
   const double ghz = khz * 1e-6;  // clock64 ticks per ns
   const int m = std::atoi(opt["m"].c_str());
   const int runs = std::atoi(opt["runs"].c_str());
-  // The two traced kernels; --config may name any table entry with the same template parameters (e.g. a
-  // variant with more waves).
+  // The two traced kernels; --config may name any table entry with the same template parameters.
   const KernelConfig* k1 = find_config(0);  // m8_r1_w8_b3_c8x1
   const KernelConfig* k16 = find_config(4); // m16_r1_w8_b2_c4x2
   const int cfg_id = opt["config"].empty() ? (m <= 8 ? 0 : 4) : std::atoi(opt["config"].c_str());
