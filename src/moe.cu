@@ -6,9 +6,11 @@
 //                 (token, slot) pair its sorted row, and for every sorted row its token. Rows of one expert
 //                 are in arrival order (atomics): the order does not change any value, since every row of
 //                 a GEMM is computed independently and the final sum runs over slots in slot order.
-//   2. gate_up    the decode kernel in grouped mode (decode_gemm.cuh): stream-K over the active experts'
-//                 (row group, K slice) units only, read from the device, so every SM streams and each
-//                 touched expert's weights are read once. X rows are gathered through the sorted rows.
+//   2. gate_up    FP4 experts: the decode kernel in grouped mode (decode_gemm.cuh): stream-K over the
+//                 active experts' (row group, K slice) units only, read from the device, so every SM
+//                 streams and each touched expert's weights are read once. BF16 experts: the grouped
+//                 BF16 GEMV (moe_bf16_gemm.cuh), one warp per 16-row tile over the whole K, tiles of the
+//                 active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
 //   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
@@ -22,6 +24,7 @@
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
 #include "decode_kernels.cuh"
+#include "kernels/moe_bf16_gemm.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
 #include "repack_common.h"
@@ -198,10 +201,44 @@ Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, Grouped
   return Status::Ok();
 }
 
+// BF16 experts: the grouped BF16 GEMV for the pass's token tiles, grid = resident CTAs (at most one per
+// tile of the most experts a pass can touch).
+using Bf16Fn = void (*)(kernels::Bf16GroupedParams);
+
+Bf16Fn bf16_kernel(int n_tiles) {
+  switch (n_tiles) {
+    case 1: return kernels::moe_bf16_gemm_kernel<1>;
+    case 2: return kernels::moe_bf16_gemm_kernel<2>;
+    case 4: return kernels::moe_bf16_gemm_kernel<4>;
+    default: return kernels::moe_bf16_gemm_kernel<8>;
+  }
+}
+
+struct Bf16Plan {
+  Bf16Fn fn = nullptr;
+  int grid = 0;
+  int sms = 0;
+};
+
+Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
+  Bf16Plan p;
+  p.fn = bf16_kernel(n_tiles);
+  int per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), kernels::kBf16Warps * 32, 0,
+                                                 nullptr, &p.sms, &per_sm));
+  const int64_t max_tiles = int64_t(max_active) * ((n + 15) / 16);
+  p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_tiles, int64_t(per_sm) * p.sms)));
+  *out = p;
+  return Status::Ok();
+}
+
 // Workspace layout for one pass of up to kPassTokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
   int pairs = 0, max_active = 0;
-  GroupedPlan gu, dn;
+  bool bf16 = false;
+  GroupedPlan gu, dn;  // FP4 experts
+  Bf16Plan bgu, bdn;   // BF16 experts
+  int sms = 0;
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
 };
@@ -211,8 +248,16 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.pairs = int(std::min<int64_t>(a.tokens, kPassTokens)) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
   const int n_tiles = n_tiles_for(a.tokens);
-  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, n_tiles, &p.gu));
-  FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, n_tiles, &p.dn));
+  p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
+  if (p.bf16) {
+    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
+    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
+    p.sms = p.bgu.sms;
+  } else {
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, n_tiles, &p.gu));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, n_tiles, &p.dn));
+    p.sms = p.gu.sms;
+  }
   const size_t ints = 1 + size_t(a.num_experts + 1) + 2 * size_t(a.num_experts) + 2 * size_t(p.pairs);
   size_t off = 0;
   p.ints_off = off;
@@ -224,12 +269,16 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.o_off = off;
   off = align256(off + size_t(p.pairs) * a.hidden * 2);
   p.counters_off = off;
-  p.counters_bytes =
-      align256(size_t(p.max_active) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
+  if (!p.bf16) {  // the BF16 GEMV has no split-K: no arrival counters, no partials
+    p.counters_bytes =
+        align256(size_t(p.max_active) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
+  }
   off += p.counters_bytes;
   p.partials_off = off;
-  off += std::max(size_t(p.gu.grid) * 2 * detail::partial_slot_bytes(*p.gu.dense.cfg),
-                  size_t(p.dn.grid) * 2 * detail::partial_slot_bytes(*p.dn.dense.cfg));
+  if (!p.bf16) {
+    off += std::max(size_t(p.gu.grid) * 2 * detail::partial_slot_bytes(*p.gu.dense.cfg),
+                    size_t(p.dn.grid) * 2 * detail::partial_slot_bytes(*p.dn.dense.cfg));
+  }
   p.total = align256(off);
   *out = p;
   return Status::Ok();
@@ -237,15 +286,39 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-Status check_expert_shape(const ExpertWeights& w, const std::string& nm, int64_t n, int64_t k, Format format) {
-  if (w.format != format) return Status::Invalid(nm + ".format: both expert sets must have the same format");
+bool bf16_kind(const ExpertWeights& w) { return w.kind == ExpertKind::kBF16; }
+
+Status check_expert_shape(const ExpertWeights& w, const std::string& nm, int64_t n, int64_t k,
+                          const ExpertWeights& first) {
+  if (w.kind != ExpertKind::kFP4 && w.kind != ExpertKind::kBF16)
+    return Status::Invalid(nm + ".kind: must be ExpertKind::kFP4 or ExpertKind::kBF16 (got " +
+                           std::to_string(int(w.kind)) + ")");
+  if (w.kind != first.kind)
+    return Status::Invalid(nm + ".kind: both expert sets must be of the same kind (gate_up is " +
+                           (bf16_kind(first) ? "kBF16" : "kFP4") + ")");
+  if (!bf16_kind(w) && w.format != first.format)
+    return Status::Invalid(nm + ".format: both expert sets must have the same format");
   if (w.n != n || w.k != k)
     return Status::Invalid(nm + ": shape must be [" + str(n) + ", " + str(k) + "] per expert (got [" + str(w.n) +
                            ", " + str(w.k) + "])");
+  if (bf16_kind(w)) return Status::Ok();  // k is H or I: a multiple of 8 (16-byte rows), checked with them
   return check_shape(w.format, w.n, w.k);
 }
 
 Status check_expert_data(const ExpertWeights& w, const std::string& nm) {
+  if (bf16_kind(w)) {
+    if (!w.data) return Status::Invalid(nm + ".data: must not be null (the experts' bf16 [E, n, k] weights)");
+    if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+      return Status::Invalid(nm + ".data: BF16 experts must be 16-byte aligned");
+    const size_t need = size_t(w.n) * size_t(w.k) * 2;
+    if (w.stride % 16 != 0 || w.stride < need)
+      return Status::Invalid(nm + ".stride: BF16 experts need a multiple of 16 bytes >= n * k * 2 = " +
+                             std::to_string(need) + " (one row-major [" + str(w.n) + ", " + str(w.k) +
+                             "] bf16 matrix; got " + std::to_string(w.stride) + ")");
+    if (w.bias && reinterpret_cast<uintptr_t>(w.bias) % 2 != 0)
+      return Status::Invalid(nm + ".bias: must be 2-byte aligned");
+    return Status::Ok();
+  }
   if (!w.data) return Status::Invalid(nm + ".data: must not be null (stack the prepacked experts first)");
   if (reinterpret_cast<uintptr_t>(w.data) % 256 != 0) return Status::Invalid(nm + ".data: must be 256-byte aligned");
   PackedLayout l;
@@ -273,8 +346,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
   if (a.hidden % 8 != 0 || a.inter % 8 != 0)
     return Status::Invalid("hidden, inter: must be multiples of 8 (16-byte rows; got " + str(a.hidden) + ", " +
                            str(a.inter) + ")");
-  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up.format));
-  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up.format));
+  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up));
+  FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up));
   if (a.activation != MoEActivation::kSiluAndMul && a.activation != MoEActivation::kSwigluOAI)
     return Status::Invalid("activation: must be silu_and_mul or swiglu_oai");
   if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
@@ -360,7 +433,24 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.bias = w.bias;
     gp.fn<<<gp.grid, gp.dense.threads, gp.dense.smem_bytes, stream>>>(p);
   };
-  const int ew_blocks = std::max(1, plan.gu.sms) * 4;  // element-wise kernels: grid-stride loops
+  auto launch_bf16 = [&](const Bf16Plan& bp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
+    kernels::Bf16GroupedParams p{};
+    p.x = x;
+    p.x_rows = x_rows;
+    p.y = y;
+    p.n_active = b.n_active;
+    p.active = b.active;
+    p.offset = b.offset;
+    p.base = static_cast<const uint8_t*>(w.data);
+    p.stride = w.stride;
+    p.bias = w.bias;
+    p.n = int(w.n);
+    p.k = int(w.k);
+    p.row_tiles = int((w.n + 15) / 16);
+    p.k_steps = int((w.k + 31) / 32);
+    bp.fn<<<bp.grid, kernels::kBf16Warps * 32, 0, stream>>>(p);
+  };
+  const int ew_blocks = std::max(1, plan.sms) * 4;  // element-wise kernels: grid-stride loops
 
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
     const int tokens = int(std::min<int64_t>(kPassTokens, a.tokens - t0));
@@ -369,10 +459,12 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     auto* y = static_cast<__nv_bfloat16*>(a.y) + t0 * a.hidden;
     moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b,
                                                                     counters, int(plan.counters_bytes / sizeof(int)));
-    launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
+    if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
+    else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
     moe_activation_kernel<<<ew_blocks, 256, 0, stream>>>(h, act, b.offset + E, int(a.inter), a.activation, a.layout,
                                                         a.alpha, a.limit);
-    launch_grouped(plan.dn, a.down, act, nullptr, o);
+    if (plan.bf16) launch_bf16(plan.bdn, a.down, act, nullptr, o);
+    else launch_grouped(plan.dn, a.down, act, nullptr, o);
     moe_combine_kernel<<<ew_blocks, 256, 0, stream>>>(o, b.row_of_pair, a.topk_weights + t0 * a.top_k, tokens, a.top_k,
                                                      int(a.hidden), y);
   }

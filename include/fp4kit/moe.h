@@ -1,4 +1,4 @@
-// fp4kit/moe.h: fused Mixture-of-Experts layer with FP4 (NVFP4 or MXFP4) experts, for given routing.
+// fp4kit/moe.h: fused Mixture-of-Experts layer with FP4 (NVFP4 or MXFP4) or BF16 experts, for given routing.
 //
 //   for each token t and each of its top_k slots j (expert e = topk_ids[t, j], weight w = topk_weights[t, j]):
 //     h      = X[t] @ W_gate_up[e]^T (+ b_gate_up[e])          [2I]   (gate and up rows, see GateUpLayout)
@@ -9,9 +9,16 @@
 // Contract:
 //   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16), 16-byte aligned; topk_ids int32 [T, top_k] and
 //     topk_weights float32 [T, top_k], device memory.
-//   - Experts: each of the E experts' matrices prepacked (prepack_*) for the same (format, n, k), stored
-//     `stride` bytes apart from `data` (stride a multiple of 256, at least packed_layout().total_bytes).
+//   - Experts, one of two kinds (ExpertWeights::kind; gate_up and down of the same kind):
+//       kFP4:  each of the E experts' matrices prepacked (prepack_*) for the same (format, n, k), stored
+//              `stride` bytes apart from `data` (256-byte aligned; stride a multiple of 256, at least
+//              packed_layout().total_bytes).
+//       kBF16: each expert's matrix plain row-major [n, k] BF16 (as checkpoints ship it, no prepack),
+//              stored `stride` bytes apart from `data` (16-byte aligned; stride a multiple of 16, at least
+//              n * k * 2: a contiguous [E, n, k] tensor has stride n * k * 2). `format` is ignored.
 //     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act`.
+//     BF16 experts run through a grouped BF16 x BF16 tensor-core GEMV (one warp per 16 weight rows over
+//     the whole K, fp32 accumulation), driven by the same device-side schedule as the FP4 path.
 //   - The h and a intermediates are rounded to `act` (as an unfused BF16 layer would); o_tj is rounded to
 //     `act` before the fp32 weighted sum.
 //   - An id outside [0, E), or an id a token lists twice, cannot be reported without a host
@@ -42,12 +49,22 @@ enum class GateUpLayout : int {
   kInterleaved = 1,   // row 2i is gate i, row 2i+1 is up i (gpt-oss checkpoints)
 };
 
+// What an expert set holds. A separate field rather than a Format value: Format names the FP4 formats
+// every FP4 API (quantize, prepack, packed_layout, gemm, group_size) is written for, and a BF16 value there
+// would be one each of them had to reject; a kind appended to ExpertWeights keeps Format meaning "FP4
+// format" and keeps existing initialisers ({format, n, k, data, stride, bias}) meaning FP4 experts.
+enum class ExpertKind : int {
+  kFP4 = 0,   // prepacked FP4 in `format`
+  kBF16 = 1,  // plain row-major [n, k] bfloat16 (format ignored)
+};
+
 struct ExpertWeights {
-  Format format = Format::kMXFP4;
+  Format format = Format::kMXFP4;  // kFP4 experts only
   int64_t n = 0, k = 0;
-  const void* data = nullptr;  // expert e's prepacked buffer starts at data + e * stride
-  size_t stride = 0;
+  const void* data = nullptr;  // expert e's buffer (prepacked, or the bf16 [n, k] matrix) at data + e * stride
+  size_t stride = 0;           // bytes
   const void* bias = nullptr;  // [E, n] of the activation dtype, or null
+  ExpertKind kind = ExpertKind::kFP4;
 };
 
 struct MoEArgs {
