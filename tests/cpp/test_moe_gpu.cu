@@ -2,10 +2,11 @@
 // dequantized with formats.h, fp64 GEMMs, the activation in fp64, and the same BF16 roundings the op
 // documents (h, a and each expert output rounded to BF16, then the fp32 weighted sum in slot order).
 //
-// Fresh random data each run (seed printed), NaN-poisoned outputs, shapes off every tile, both formats,
-// both activations and gate/up layouts, biases, skewed and single-expert routing, experts with no
-// tokens, T = 1 .. 100 (more than one 64-token pass), top-k 1 .. 8, bad and duplicate ids (NaN rows),
-// determinism, and the validator's messages.
+// Fresh random data each run (seed printed), NaN-poisoned outputs, shapes off every tile, both FP4 formats
+// and BF16 experts (plain row-major [n, k], tight and padded expert strides), both activations and
+// gate/up layouts, biases, skewed and single-expert routing, experts with no tokens, T = 1 .. 100 (more
+// than one 64-token pass), top-k 1 .. 8, bad and duplicate ids (NaN rows), determinism, and the
+// validator's messages.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +52,39 @@ struct Experts {
   }
 };
 
+// BF16 experts: bf16-exact random [n, k] matrices (the reference uses the same values), row-major,
+// `pad` extra bytes (a multiple of 16) between consecutive experts.
+void make_bf16_experts(Experts& ex, int E, int64_t n, int64_t k, size_t pad) {
+  const size_t stride = size_t(n * k) * 2 + pad;
+  std::vector<uint16_t> host(stride / 2 * size_t(E), 0x7FC0);  // padding: NaN, must never be read
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(float(k)));
+  for (int e = 0; e < E; ++e) {
+    std::vector<float> w(size_t(n * k));
+    for (size_t i = 0; i < w.size(); ++i) {
+      const uint16_t b = fp4test::to_bits(nd(rng()), true);
+      host[stride / 2 * size_t(e) + i] = b;
+      w[i] = fp4test::from_bits(b, true);
+    }
+    ex.w.push_back(std::move(w));
+  }
+  CUDA_OK(cudaMalloc(&ex.buf, host.size() * 2));
+  CUDA_OK(cudaMemcpy(ex.buf, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  ex.dev = ExpertWeights{Format::kMXFP4, n, k, ex.buf, stride, nullptr};
+  ex.dev.kind = ExpertKind::kBF16;
+}
+
+void make_bias(Experts& ex, int E, int64_t n) {
+  std::uniform_real_distribution<float> ud(-1, 1);
+  std::vector<uint16_t> bits;
+  for (int64_t i = 0; i < E * n; ++i) {
+    ex.bias.push_back(bf16_round(ud(rng())));
+    bits.push_back(fp4test::to_bits(ex.bias.back(), true));
+  }
+  CUDA_OK(cudaMalloc(&ex.dbias, bits.size() * 2));
+  CUDA_OK(cudaMemcpy(ex.dbias, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  ex.dev.bias = ex.dbias;
+}
+
 void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_bias) {
   PackedLayout l;
   CHECK_OK(packed_layout(f, n, k, &l));
@@ -72,21 +106,13 @@ void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_
   CUDA_OK(cudaMalloc(&ex.buf, host.size()));
   CUDA_OK(cudaMemcpy(ex.buf, host.data(), host.size(), cudaMemcpyHostToDevice));
   ex.dev = ExpertWeights{f, n, k, ex.buf, stride, nullptr};
-  if (with_bias) {
-    std::uniform_real_distribution<float> ud(-1, 1);
-    std::vector<uint16_t> bits;
-    for (int64_t i = 0; i < E * n; ++i) {
-      ex.bias.push_back(bf16_round(ud(rng())));
-      bits.push_back(fp4test::to_bits(ex.bias.back(), true));
-    }
-    CUDA_OK(cudaMalloc(&ex.dbias, bits.size() * 2));
-    CUDA_OK(cudaMemcpy(ex.dbias, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-    ex.dev.bias = ex.dbias;
-  }
+  if (with_bias) make_bias(ex, E, n);
 }
 
 struct Case {
   Format f = Format::kMXFP4;
+  bool bf16 = false;   // BF16 experts (f ignored)
+  size_t bf16_pad = 0; // extra bytes between BF16 experts
   int E = 8, top_k = 2;
   int64_t T = 1, H = 160, I = 96;
   MoEActivation act = MoEActivation::kSiluAndMul;
@@ -174,8 +200,17 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
 
 void check_case(const Case& c) {
   Experts gu, dn;
-  make_experts(gu, c.f, c.E, 2 * c.I, c.H, c.bias);
-  make_experts(dn, c.f, c.E, c.H, c.I, c.bias);
+  if (c.bf16) {
+    make_bf16_experts(gu, c.E, 2 * c.I, c.H, c.bf16_pad);
+    make_bf16_experts(dn, c.E, c.H, c.I, c.bf16_pad);
+    if (c.bias) {
+      make_bias(gu, c.E, 2 * c.I);
+      make_bias(dn, c.E, c.H);
+    }
+  } else {
+    make_experts(gu, c.f, c.E, 2 * c.I, c.H, c.bias);
+    make_experts(dn, c.f, c.E, c.H, c.I, c.bias);
+  }
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<uint16_t> xb(size_t(c.T * c.H));
   std::vector<float> x(xb.size());
@@ -243,7 +278,7 @@ void check_case(const Case& c) {
   for (bool b : nan_row) n_nan_rows += b;
   CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < 1e-2 && cmp.cosine > 0.999)) &&
                 nan_ok == n_nan_rows * c.H,
-            format_name(c.f) << " E=" << c.E << " k=" << c.top_k << " T=" << c.T << " H=" << c.H << " I=" << c.I
+            (c.bf16 ? "bf16" : format_name(c.f)) << " E=" << c.E << " k=" << c.top_k << " T=" << c.T << " H=" << c.H << " I=" << c.I
                              << " act=" << int(c.act) << " layout=" << int(c.layout) << " bias=" << c.bias
                              << " routing=" << int(c.routing) << ": rel_l2=" << cmp.rel_l2 << " cos=" << cmp.cosine
                              << " nonfinite=" << nan_bad << " nan rows " << nan_ok / std::max<int64_t>(1, c.H) << "/"
@@ -274,6 +309,60 @@ TEST(moe_matches_reference) {
         c.routing = T == 37 ? Case::kSkewed : T == 5 ? Case::kOneExpert : Case::kRandom;
         check_case(c);
       }
+}
+
+// BF16 experts: H = 168 and I = 104 leave a partial 16-row tile (down, n = H) and a partial 32-wide K
+// step (both K); the expert stride is tight or padded (padding holds NaN, so a stray read shows).
+TEST(moe_bf16_matches_reference) {
+  const std::vector<int64_t> ts = quick() ? std::vector<int64_t>{5, 37} : std::vector<int64_t>{1, 5, 37, 64, 100};
+  const std::vector<int> ks = quick() ? std::vector<int>{2, 4} : std::vector<int>{1, 2, 4, 8};
+  for (int64_t T : ts)
+    for (int k : ks) {
+      Case c;
+      c.bf16 = true;
+      c.bf16_pad = (T + k) % 3 == 0 ? 48 : 0;
+      c.T = T;
+      c.top_k = k;
+      c.H = 168;
+      c.I = 104;
+      c.E = k == 8 ? 32 : 8 + 4 * k;
+      c.act = (T + k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
+      c.layout = (T / 2 + k) % 2 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+      c.bias = k % 2 == 0 || T == 1;
+      c.routing = T == 37 ? Case::kSkewed : T == 5 ? Case::kOneExpert : Case::kRandom;
+      check_case(c);
+    }
+}
+
+TEST(moe_bf16_gpt_oss_shape) {  // H = I = 2880, SwiGLU, interleaved, biases; T = 1 and 16 tokens
+  for (int64_t T : {int64_t(1), int64_t(16)}) {
+    Case c;
+    c.bf16 = true;
+    c.E = 8;
+    c.top_k = 4;
+    c.T = T;
+    c.H = 2880;
+    c.I = 2880;
+    c.act = MoEActivation::kSwigluOAI;
+    c.layout = GateUpLayout::kInterleaved;
+    c.bias = true;
+    c.routing = T == 16 ? Case::kSkewed : Case::kRandom;
+    check_case(c);
+    if (quick()) break;
+  }
+}
+
+TEST(moe_bf16_bad_ids_give_nan_rows) {
+  Case c;
+  c.bf16 = true;
+  c.T = 6;
+  c.top_k = 2;
+  c.E = 8;
+  c.H = 64;
+  c.I = 32;
+  c.bad = {{2 * 1 + 1, 8}, {2 * 3 + 0, -1}, {2 * 4 + 1, 0}};
+  c.routing = Case::kOneExpert;  // slot 0 = 0: token 4's slot 1 = 0 is a duplicate
+  check_case(c);
 }
 
 TEST(moe_gpt_oss_shape) {  // H = I = 2880 (not a multiple of 512), SwiGLU, interleaved, biases
@@ -330,6 +419,59 @@ TEST(moe_validator_messages) {
   b.gate_up.k = 60;
   b.down.n = 60;
   CHECK_ERROR(moe_validate(b), "hidden, inter: must be multiples of 8");
+}
+
+TEST(moe_bf16_validator_messages) {
+  alignas(256) static uint8_t fake[256];  // never dereferenced: moe_validate only looks at the pointers
+  MoEArgs a;
+  a.tokens = 1;
+  a.hidden = 64;
+  a.inter = 32;
+  a.num_experts = 4;
+  a.top_k = 2;
+  a.gate_up = ExpertWeights{Format::kMXFP4, 64, 64, nullptr, 64 * 64 * 2, nullptr};
+  a.gate_up.kind = ExpertKind::kBF16;
+  a.down = ExpertWeights{Format::kNVFP4, 64, 32, nullptr, 64 * 32 * 2, nullptr};  // format ignored for BF16
+  a.down.kind = ExpertKind::kBF16;
+  size_t bytes = 0;
+  CHECK_OK(moe_workspace_bytes(a, &bytes));  // shapes only: BF16 experts need no split-K scratch
+  CHECK(bytes > 0);
+  CHECK_ERROR(moe_validate(a), "gate_up.data: must not be null (the experts' bf16 [E, n, k] weights)");
+  a.gate_up.data = fake;
+  a.down.data = fake;
+  a.x = fake;
+  a.y = fake + 128;
+  a.topk_ids = reinterpret_cast<const int32_t*>(fake);
+  a.topk_weights = reinterpret_cast<const float*>(fake);
+  MoEArgs b = a;
+  b.down.kind = ExpertKind::kFP4;
+  CHECK_ERROR(moe_validate(b), "down.kind: both expert sets must be of the same kind (gate_up is kBF16)");
+  b = a;
+  b.gate_up.kind = static_cast<ExpertKind>(7);
+  CHECK_ERROR(moe_validate(b), "gate_up.kind: must be ExpertKind::kFP4 or ExpertKind::kBF16 (got 7)");
+  b = a;
+  b.gate_up.data = fake + 8;
+  CHECK_ERROR(moe_validate(b), "gate_up.data: BF16 experts must be 16-byte aligned");
+  b = a;
+  b.down.stride = 64 * 32 * 2 - 16;
+  CHECK_ERROR(moe_validate(b),
+              "down.stride: BF16 experts need a multiple of 16 bytes >= n * k * 2 = 4096 (one row-major [64, 32] "
+              "bf16 matrix; got 4080)");
+  b = a;
+  b.gate_up.stride = 64 * 64 * 2 + 8;
+  CHECK_ERROR(moe_validate(b), "gate_up.stride: BF16 experts need a multiple of 16 bytes");
+  b = a;
+  b.down.bias = fake + 1;
+  CHECK_ERROR(moe_validate(b), "down.bias: must be 2-byte aligned");
+  b = a;
+  b.down.k = 64;
+  CHECK_ERROR(moe_validate(b), "down: shape must be [64, 32] per expert (got [64, 64])");
+  b = a;
+  b.act = DType::kF16;
+  CHECK_ERROR(moe_validate(b), "act: the MoE op supports bfloat16");
+  b = a;
+  b.workspace = nullptr;
+  CHECK_ERROR(moe_validate(b), "workspace: must be a non-null, 16-byte aligned pointer");
 }
 
 int main(int argc, char** argv) {
