@@ -1,13 +1,17 @@
 // fp4kit-bench-moe: the fused MoE layer (fp4kit/moe.h) on real MoE shapes, decode token counts.
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
-//                    [--t 1,4,16,64] [--formats mxfp4,nvfp4] [--json PATH] [--commit SHA] [--replays N]
+//                    [--t 1,4,16,64] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA] [--replays N]
 //
-// Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU), R = 16 different
+// Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
+// (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
 // random routings (top-k distinct experts per token, uniform), one CUDA graph of R calls (call i uses
 // routing i, so consecutive calls touch different experts and read them from HBM), median of the
 // replays, per-call time. The bytes a call must read are its touched experts' prepacked bytes (counted
-// per routing, averaged); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s.
+// per routing, averaged); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s. BF16 experts'
+// bytes are counted the same way (n * k * 2 per matrix). When bf16 is among the formats, every FP4 row
+// carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
+// re-seeded per model and format).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -59,6 +63,29 @@ struct Stack {
   void* bias = nullptr;
 };
 
+// E BF16 experts: random row-major [n, k] bf16 matrices, contiguous ([E, n, k], stride n * k * 2).
+Stack make_bf16_stack(int E, int64_t n, int64_t k, bool bias, uint32_t seed) {
+  Stack s;
+  s.stride = size_t(n * k) * 2;
+  s.bytes_per_expert = s.stride;
+  CK(cudaMalloc(&s.buf, s.stride * E));
+  fill16(s.buf, size_t(n * k) * E, seed, true);
+  if (bias) {
+    CK(cudaMalloc(&s.bias, size_t(E * n) * 2));
+    fill16(s.bias, size_t(E * n), seed + 7777, true);
+  }
+  CK(cudaDeviceSynchronize());
+  return s;
+}
+
+struct Row {
+  std::string model, format;
+  int E, top_k;
+  int64_t H, I, T;
+  double us, touched, bytes, tbps;
+  int64_t nonfinite;
+};
+
 Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed) {
   PackedLayout l;
   CKS(packed_layout(f, n, k, &l));
@@ -102,12 +129,12 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64"}, {"formats", "mxfp4,nvfp4"},
+  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64"}, {"formats", "mxfp4,nvfp4,bf16"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
-      std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats LIST] [--json PATH] [--commit SHA]"
+      std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]"
                   " [--replays N]\n");
       return 0;
     }
@@ -133,16 +160,20 @@ int main(int argc, char** argv) {
   constexpr int kRoutings = 16;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::mt19937 rng(1234);
-  std::ostringstream rows;
-  int nrows = 0;
+  std::vector<Row> rows;
   std::printf("%-14s %-6s %4s %9s %8s %10s %8s %6s %12s\n", "model", "format", "T", "us", "experts", "MB touched",
               "TB/s", "roof", "tokens/s");
   for (const MoEShape& sh : shapes) {
     for (const std::string& fname : split(opt["formats"])) {
+      if (fname != "nvfp4" && fname != "mxfp4" && fname != "bf16") {
+        std::fprintf(stderr, "fp4kit-bench-moe: unknown format %s (nvfp4, mxfp4, bf16)\n", fname.c_str());
+        return 2;
+      }
+      const bool bf16 = fname == "bf16";
       const Format f = fname == "nvfp4" ? Format::kNVFP4 : Format::kMXFP4;
-      Stack gu = make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11);
-      Stack dn = make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977);
+      Stack gu = bf16 ? make_bf16_stack(sh.E, 2 * sh.I, sh.H, sh.bias, 11) : make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11);
+      Stack dn = bf16 ? make_bf16_stack(sh.E, sh.H, sh.I, sh.bias, 977) : make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977);
+      std::mt19937 rng(1234);  // the same routings for every format
       for (const std::string& ts : split(opt["t"])) {
         const int64_t T = std::atoll(ts.c_str());
         // Routings and their touched experts.
@@ -183,6 +214,7 @@ int main(int argc, char** argv) {
         a.y = y;
         a.gate_up = ExpertWeights{f, 2 * sh.I, sh.H, gu.buf, gu.stride, gu.bias};
         a.down = ExpertWeights{f, sh.H, sh.I, dn.buf, dn.stride, dn.bias};
+        if (bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
         a.activation = sh.act;
         a.layout = sh.layout;
         size_t wsb = 0;
@@ -210,12 +242,7 @@ int main(int argc, char** argv) {
         std::printf("%-14s %-6s %4lld %9.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f%s\n", sh.model.c_str(), fname.c_str(),
                     (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25, double(T) / us * 1e6,
                     nonfinite ? "  NONFINITE" : "");
-        rows << (nrows++ ? ",\n" : "") << "    {\"op\": \"fused_moe\", \"model\": \"" << sh.model << "\", \"format\": \""
-             << fname << "\", \"act\": \"bf16\", \"E\": " << sh.E << ", \"top_k\": " << sh.top_k << ", \"H\": " << sh.H
-             << ", \"I\": " << sh.I << ", \"T\": " << T << ", \"us\": " << us << ", \"touched_experts\": " << touched
-             << ", \"touched_bytes\": " << bytes << ", \"weight_tbps\": " << tbps
-             << ", \"roofline_frac\": " << tbps / 4.25 << ", \"tokens_per_s\": " << double(T) / us * 1e6
-             << ", \"nonfinite_outputs\": " << nonfinite << "}";
+        rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -230,6 +257,33 @@ int main(int argc, char** argv) {
       cudaFree(dn.bias);
     }
   }
+  // FP4 speedup over the BF16 experts of the same model and T.
+  auto bf16_us = [&](const Row& r) {
+    for (const Row& b : rows)
+      if (b.format == "bf16" && b.model == r.model && b.T == r.T) return b.us;
+    return 0.0;
+  };
+  bool any_speedup = false;
+  for (const Row& r : rows) {
+    const double base = bf16_us(r);
+    if (r.format == "bf16" || base <= 0) continue;
+    if (!any_speedup) std::printf("\nFP4 speedup over fp4kit's BF16 experts (same layers, same routings):\n");
+    any_speedup = true;
+    std::printf("%-14s %-6s %4lld %8.2fx  (bf16 %.1f us, %s %.1f us)\n", r.model.c_str(), r.format.c_str(),
+                (long long)r.T, base / r.us, base, r.format.c_str(), r.us);
+  }
+  std::ostringstream js;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double base = r.format == "bf16" ? 0.0 : bf16_us(r);
+    js << (i ? ",\n" : "") << "    {\"op\": \"fused_moe\", \"model\": \"" << r.model << "\", \"format\": \"" << r.format
+       << "\", \"act\": \"bf16\", \"E\": " << r.E << ", \"top_k\": " << r.top_k << ", \"H\": " << r.H
+       << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
+       << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
+       << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite;
+    if (base > 0) js << ", \"bf16_us\": " << base << ", \"speedup_vs_bf16\": " << base / r.us;
+    js << "}";
+  }
   if (!opt["json"].empty()) {
     FILE* fj = std::fopen(opt["json"].c_str(), "w");
     if (!fj) {
@@ -239,9 +293,9 @@ int main(int argc, char** argv) {
     std::fprintf(fj,
                  "{\n  \"tool\": \"fp4kit-bench-moe\",\n  \"device\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                  "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays; "
-                 "touched bytes = distinct experts per call x prepacked bytes per expert\",\n  \"rows\": [\n%s\n  ]\n}\n",
+                 "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,
-                 replays, rows.str().c_str());
+                 replays, js.str().c_str());
     std::fclose(fj);
     std::printf("wrote %s\n", opt["json"].c_str());
   }
