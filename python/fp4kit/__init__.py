@@ -164,7 +164,8 @@ def gemm(x, w, bias=None, out=None):
 
 def stack_experts(weights, device=None):
     """Prepack E FP4Weights of one format and shape into one uint8 torch tensor [E, stride] (stride: the packed
-    size rounded up to 256 bytes), on `device` (default: the weights'); see fp4kit.moe.stack_experts."""
+    size rounded up to 256 bytes), or stack E floating torch tensors [N, K] into one bfloat16 tensor [E, N, K]
+    (BF16 experts, format "bf16"), on `device` (default: the weights'); see fp4kit.moe.stack_experts."""
     from . import moe
     return moe.stack_experts(weights, device)
 

@@ -14,6 +14,7 @@ the CPU), on experts stacked once into one prepacked buffer per projection:
     w_gate_up = stack_experts(gate_up_weights, "cuda")                  # uint8 [E, stride], n = 2I, k = H
     w_down = stack_experts(down_weights, "cuda")                        # uint8 [E, stride], n = H, k = I
     y = fused_moe(x, ids, w, w_gate_up, w_down, "mxfp4", inter, "swiglu_oai", "interleaved", b_gu, b_d)
+    y = fused_moe(x, ids, w, stack_experts(gate_up_bf16), stack_experts(down_bf16), "bf16", inter)  # BF16 experts
     y = fused_moe_from_logits(x, router_logits, k, w_gate_up, w_down, "nvfp4", inter, routing="softmax")
 
 Ties: every top-k here (experts and DeepSeek's groups) is a stable descending sort, so among equal scores
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -390,8 +391,14 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 STACK_ALIGN = 256
 
 
-def stack_experts(weights: Sequence[FP4Weight], device: Union[None, str, torch.device] = None) -> torch.Tensor:
+def stack_experts(weights: Sequence[Union[FP4Weight, torch.Tensor]],
+                  device: Union[None, str, torch.device] = None) -> torch.Tensor:
     """Prepack E experts of one projection into one uint8 tensor [E, stride], the layout fused_moe reads.
+
+    BF16 experts: when `weights` are E floating torch tensors [N, K] of one shape, the result is their stack
+    as one contiguous bfloat16 tensor [E, N, K] on `device` (values rounded to bfloat16 if they are not), the
+    layout fused_moe reads with format "bf16" (row-major weights as checkpoints ship them; no prepack). A
+    ready [E, N, K] bfloat16 tensor can be passed to fused_moe as it is.
 
     weights: E FP4Weights of one format and one shape (N, K) (gate_up: (2I, H); down: (H, I)), numpy or torch
     arrays. Each is prepacked (fp4kit.torch_ops.prepack: on the GPU for CUDA tensors, on the host for CPU ones)
@@ -400,7 +407,11 @@ def stack_experts(weights: Sequence[FP4Weight], device: Union[None, str, torch.d
     the padding zero-filled. The FP4Weights are not modified. Run once per layer, not per call."""
     from . import torch_ops
     if isinstance(weights, (str, bytes, FP4Weight, torch.Tensor)) or not hasattr(weights, "__iter__"):
-        raise TypeError(f"weights: must be a sequence of FP4Weight, one per expert (got {type(weights).__name__})")
+        raise TypeError(f"weights: must be a sequence of FP4Weight or of torch tensors (BF16 experts), one per expert "
+                        f"(got {type(weights).__name__})")
+    weights = list(weights)
+    if weights and isinstance(weights[0], torch.Tensor):
+        return _stack_bf16(weights, device)
     weights = _same_format_list(weights, "expert", "the experts of one stack must share format and shape",
                                 same_k_only=False)
     first = weights[0]
@@ -427,6 +438,31 @@ def stack_experts(weights: Sequence[FP4Weight], device: Union[None, str, torch.d
     return out
 
 
+def _stack_bf16(weights: List[Any], device: Union[None, str, torch.device]) -> torch.Tensor:
+    """stack_experts for BF16 experts: E floating tensors [N, K] -> contiguous bfloat16 [E, N, K]."""
+    first = weights[0]
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"weights[{i}]: must be a torch tensor like weights[0] (got {type(w).__name__}); "
+                            "a stack holds FP4Weights or bfloat16 tensors, not both")
+        if not w.dtype.is_floating_point or w.dim() != 2:
+            raise TypeError(f"weights[{i}]: a BF16 expert must be a 2-D floating tensor [N, K] (got {w.dtype}, "
+                            f"shape {tuple(w.shape)})")
+        if w.shape != first.shape:
+            raise ValueError(f"weights[{i}]: shape {tuple(w.shape)} differs from weights[0]'s {tuple(first.shape)}; "
+                             "the experts of one stack must share their shape")
+        if device is None and w.device != first.device:
+            raise ValueError(f"weights[{i}]: on {w.device}, weights[0] on {first.device}; give `device` "
+                             "to stack experts held on different devices")
+    try:
+        dev = torch.device(device) if device is not None else first.device
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: not a torch device ({device!r}: {e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be a CPU or CUDA device (got {dev})")
+    return torch.stack([w.to(device=dev, dtype=torch.bfloat16) for w in weights]).contiguous()
+
+
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
               w_down: torch.Tensor, format: str, inter: int, activation: str = "silu",
               layout: str = "concatenated", b_gate_up: Optional[torch.Tensor] = None,
@@ -436,7 +472,10 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
 
     x bfloat16 [T, H], contiguous; topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
     route_sigmoid_grouped_topk return both); w_gate_up, w_down: stack_experts() buffers of the E experts' gate_up
-    (2I x H) and down (H x I) weights, both in `format` ("nvfp4" or "mxfp4"); inter = I; activation "silu"
+    (2I x H) and down (H x I) weights, both in `format`: "nvfp4" or "mxfp4" (uint8 [E, stride], prepacked), or
+    "bf16" (bfloat16 [E, 2I, H] and [E, H, I], contiguous, row-major as checkpoints ship them; H and I
+    multiples of 8; the same layer through fp4kit's BF16 expert kernel, the baseline FP4 is measured against);
+    inter = I; activation "silu"
     (silu(gate) * up) or "swiglu_oai" (gpt-oss, with alpha and limit); layout of the gate_up rows (and of
     b_gate_up): "concatenated" ([gate; up]) or "interleaved" (gate, up alternating, as gpt-oss stores them);
     b_gate_up [E, 2I] and b_down [E, H]: optional biases of x's dtype. All tensors on x's device.
@@ -446,7 +485,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     torch.compile(fullgraph=True). The h and activation intermediates and each expert's output are rounded to
     bfloat16 (as unfused bfloat16 layers would). A token with an expert id outside [0, E), or with one expert in
     two of its slots, gets a NaN row (reporting it would need a host synchronisation); the other tokens are
-    unaffected. CPU: moe_reference on the dequantized experts (same rules, same errors, same NaN rows).
+    unaffected. CPU: moe_reference on the dequantized (or bfloat16) experts (same rules, same errors, same NaN
+    rows).
     Bad arguments raise TypeError (type, dtype) or ValueError (shape, device, value) naming the argument."""
     from . import ops as _ops  # noqa: F401  (registers torch.ops.fp4kit)
     return torch.ops.fp4kit.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation,

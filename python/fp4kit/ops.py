@@ -15,8 +15,9 @@ can be checked on a machine without a GPU.
                                b_gate_up=None, b_down=None, alpha=1.702, limit=7.0) -> y
 
 ``fused_moe`` is the Mixture-of-Experts layer for given routing (fp4kit.moe.fused_moe documents it); its
-expert weights are the stacked buffers of fp4kit.moe.stack_experts, and its CPU implementation is
-fp4kit.moe.moe_reference on the dequantized experts.
+expert weights are the stacked buffers of fp4kit.moe.stack_experts (format "nvfp4"/"mxfp4": uint8 [E, stride]
+prepacked; format "bf16": bfloat16 [E, n, k]), and its CPU implementation is fp4kit.moe.moe_reference on the
+dequantized (or bfloat16) experts.
 
 The scratch workspaces of the GEMM and of the MoE layer are managed inside the CUDA implementations (like
 cuBLAS's): in eager mode one buffer per (device, stream) for each op (the GEMM's zero-filled; the MoE layer's
@@ -158,7 +159,12 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
                alpha, limit) -> Tuple[int, int, int, int]:
     """The rules of fused_moe, the same on every device (metadata only: no synchronisation). Returns
     (T, H, E, top_k)."""
-    g = group_size(format)
+    bf16 = format == "bf16"
+    if not bf16 and format not in ("nvfp4", "mxfp4"):
+        raise ValueError(f'format: must be "nvfp4", "mxfp4" or "bf16" (got {format!r})')
+    # K multiples: the FP4 group size, or 8 for bf16 experts (16-byte rows).
+    g = 8 if bf16 else group_size(format)
+    what = "8 (16-byte rows of bf16 experts)" if bf16 else f"the {format} group size {g}"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: must be a torch.Tensor (got {type(x).__name__})")
     if x.dtype != torch.bfloat16:
@@ -173,10 +179,10 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
     if inter < 1:
         raise ValueError(f"inter: the intermediate size I must be >= 1 (got {inter})")
     if h < 1 or h % g:
-        raise ValueError(f"x: H = x.shape[1] = {h} must be a positive multiple of the {format} group size {g} "
+        raise ValueError(f"x: H = x.shape[1] = {h} must be a positive multiple of {what} "
                          "(it is the K of gate_up)")
     if inter % g:
-        raise ValueError(f"inter: I = {inter} must be a multiple of the {format} group size {g} (it is the K of down)")
+        raise ValueError(f"inter: I = {inter} must be a multiple of {what} (it is the K of down)")
     if activation not in moe.ACTIVATIONS:
         raise ValueError(f"activation: must be one of {moe.ACTIVATIONS} (got {activation!r})")
     if layout not in moe.LAYOUTS:
@@ -196,14 +202,24 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
         raise ValueError(f"topk_weights: shape must be topk_ids' ({t}, {k}) (got {tuple(topk_weights.shape)})")
     e = 0
     for name, buf, n, kk in (("w_gate_up", w_gate_up, 2 * inter, h), ("w_down", w_down, h, inter)):
-        _moe_tensor(buf, name, torch.uint8, dev, 2, " (stacked experts, fp4kit.moe.stack_experts)")
-        rows, stride = int(buf.shape[0]), int(buf.shape[1])
+        if bf16:
+            _moe_tensor(buf, name, torch.bfloat16, dev, 3, ' (format "bf16": experts [E, n, k], '
+                        "fp4kit.moe.stack_experts)")
+            rows = int(buf.shape[0])
+        else:
+            _moe_tensor(buf, name, torch.uint8, dev, 2, " (stacked experts, fp4kit.moe.stack_experts)")
+            rows, stride = int(buf.shape[0]), int(buf.shape[1])
         if name == "w_gate_up":
             e = rows
             if e < 1:
                 raise ValueError(f"w_gate_up: needs at least one expert (got shape {tuple(buf.shape)})")
         elif rows != e:
             raise ValueError(f"w_down: must hold one row per expert, E = w_gate_up.shape[0] = {e} (got {rows})")
+        if bf16:
+            if tuple(buf.shape[1:]) != (n, kk):
+                raise ValueError(f"{name}: shape must be (E, {n}, {kk}), one row-major [n, k] bfloat16 matrix per "
+                                 f"expert (got {tuple(buf.shape)})")
+            continue
         need = torch_ops._total_bytes(format, n, kk)
         if stride < need:
             raise ValueError(f"{name}: each expert's row must hold packed_layout({format!r}, {n}, {kk})"
@@ -216,7 +232,7 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
         raise ValueError(f"topk_ids: k = topk_ids.shape[1] = {k} must be <= the number of experts "
                          f"E = w_gate_up.shape[0] = {e}")
     if dev.type == "cuda":  # the kernels' alignment (any tensor torch allocates has it)
-        a = moe.STACK_ALIGN
+        a = 16 if bf16 else moe.STACK_ALIGN
         for name, v, align in (("x", x, 16), ("w_gate_up", w_gate_up, a), ("w_down", w_down, a)):
             if v.data_ptr() % align:
                 raise ValueError(f"{name}: data must be {align}-byte aligned (got address {v.data_ptr():#x}); "
@@ -243,11 +259,14 @@ def _fused_moe_cpu(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, 
     valid = in_range & ~repeated
     ids = torch.where(in_range, ids, torch.zeros_like(ids))  # computed, then overwritten with NaN below
     used = set(torch.unique(ids).tolist())
-    # Experts nobody routed to are never read: a zero-stride stand-in of the right shape keeps their place.
-    wgu = [dequantize_packed(w_gate_up[i], format, 2 * inter, h) if i in used
-           else torch.zeros(()).expand(2 * inter, h) for i in range(e)]
-    wd = [dequantize_packed(w_down[i], format, h, inter) if i in used else torch.zeros(()).expand(h, inter)
-          for i in range(e)]
+    if format == "bf16":  # moe_reference reads (as float32) only the experts it uses
+        wgu, wd = list(w_gate_up.unbind(0)), list(w_down.unbind(0))
+    else:
+        # Experts nobody routed to are never read: a zero-stride stand-in of the right shape keeps their place.
+        wgu = [dequantize_packed(w_gate_up[i], format, 2 * inter, h) if i in used
+               else torch.zeros(()).expand(2 * inter, h) for i in range(e)]
+        wd = [dequantize_packed(w_down[i], format, h, inter) if i in used else torch.zeros(()).expand(h, inter)
+              for i in range(e)]
     y = moe.moe_reference(x, ids, topk_weights, wgu, wd, b_gate_up, b_down, activation, layout, alpha=float(alpha),
                           limit=float(limit))
     bad = ~valid.all(dim=1)
@@ -283,7 +302,9 @@ def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter,
     y = torch.empty_like(x)
     if t == 0:
         return y
-    gu_stride, d_stride = int(w_gate_up.shape[1]), int(w_down.shape[1])
+    # Bytes between experts: uint8 [E, stride] rows, or bf16 [E, n, k] matrices (n * k * 2).
+    gu_stride = int(w_gate_up.stride(0)) * w_gate_up.element_size()
+    d_stride = int(w_down.stride(0)) * w_down.element_size()
     stream = torch_ops._stream(dev)
     ws_bytes = _moe_ws_bytes(dev.index, t, h, inter, e, k, format, gu_stride, d_stride, activation, layout)
     ws = _moe_workspace(dev, stream, ws_bytes) if ws_bytes else None

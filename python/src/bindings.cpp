@@ -374,7 +374,14 @@ fp4kit::MoEArgs moe_shape(int64_t tokens, int64_t hidden, int64_t inter, int64_t
   a.num_experts = experts_int(num_experts, "num_experts");
   a.top_k = experts_int(top_k, "top_k");
   a.act = parse_dtype(act, "act", false);
-  const Format f = parse_format(format);
+  // "bf16": plain row-major [n, k] bfloat16 experts (ExpertKind::kBF16); otherwise an FP4 format.
+  const bool bf16 = format == "bf16";
+  if (!bf16 && format != "nvfp4" && format != "mxfp4")
+    value_error("format: must be \"nvfp4\", \"mxfp4\" or \"bf16\" (got \"" + format + "\")");
+  const Format f = bf16 ? Format::kMXFP4 : parse_format(format);
+  const fp4kit::ExpertKind kind = bf16 ? fp4kit::ExpertKind::kBF16 : fp4kit::ExpertKind::kFP4;
+  a.gate_up.kind = kind;
+  a.down.kind = kind;
   a.gate_up.format = f;
   a.gate_up.n = 2 * inter;
   a.gate_up.k = hidden;
@@ -495,7 +502,8 @@ NB_MODULE(_C, m) {
         "gate_up_bias_ptr"_a, "down_ptr"_a, "down_stride"_a, "down_bias_ptr"_a, "activation"_a, "layout"_a,
         "alpha"_a, "limit"_a, "y_ptr"_a, "workspace_ptr"_a, "workspace_bytes"_a, "stream"_a,
         "Fused MoE layer for given routing (fp4kit/moe.h) on the device: experts stacked `stride` bytes apart, "
-        "gate_up [2*inter, hidden], down [hidden, inter] (raw pointers; 0 = null; asynchronous on `stream`).");
+        "gate_up [2*inter, hidden], down [hidden, inter]; format \"nvfp4\"/\"mxfp4\" (prepacked) or \"bf16\" "
+        "(row-major bfloat16) (raw pointers; 0 = null; asynchronous on `stream`).");
   m.def("quantize_workspace_bytes", &fp4kit::quantize_workspace_bytes, "Workspace bytes quantize_gpu() needs.");
   m.def("quantize_gpu", &quantize_gpu, "format"_a, "w_ptr"_a, "w_dtype"_a, "n"_a, "k"_a, "packed_ptr"_a,
         "scales_ptr"_a, "tensor_scale_ptr"_a, "workspace_ptr"_a, "stream"_a, "given_tensor_scale_ptr"_a = 0,

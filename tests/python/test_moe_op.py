@@ -1,5 +1,8 @@
 """torch.ops.fp4kit.fused_moe, fp4kit.moe.stack_experts and the fused_moe wrappers.
 
+BF16 experts (format "bf16": bfloat16 [E, n, k] stacks) run through the same tests as the FP4 formats where the
+test is about the layer, plus their own stacking and argument checks.
+
 CPU part (needs torch only): stack_experts' layout and round trip, the CPU op against fp4kit.moe.moe_reference,
 out-of-range and repeated ids, opcheck, torch.compile, argument errors, the eager workspace rule, `import fp4kit`
 without torch. GPU part (needs a CUDA device): the fused kernels against moe_reference on the same dequantized
@@ -27,6 +30,7 @@ _GPU = torch.cuda.is_available() and fp4kit.cuda_device_count() > 0
 needs_gpu = pytest.mark.skipif(not _GPU, reason="no CUDA device visible to torch and fp4kit")
 
 FORMATS = ["nvfp4", "mxfp4"]
+ALL_FORMATS = FORMATS + ["bf16"]  # FP4 experts and BF16 experts
 H, I = 160, 96  # multiples of 32 (MXFP4 groups along K), not of 64
 
 
@@ -36,18 +40,21 @@ def _rel_l2(a, b):
 
 
 class Layer:
-    """E random experts (FP4Weight on the CPU, the reference's input) and their stacked buffers on `device`."""
+    """E random experts (FP4Weight on the CPU, or bfloat16 tensors for fmt "bf16": the reference's input) and their
+    stacked buffers on `device`."""
 
     def __init__(self, fmt, e, h, i, seed, device="cpu", bias=False, scale_gate_up=1.0, split_gate_up=False):
         g = torch.Generator().manual_seed(seed)
         self.fmt, self.e, self.h, self.i = fmt, e, h, i
         wgu = [torch.randn(2 * i, h, generator=g) * scale_gate_up / math.sqrt(h) for _ in range(e)]
         wd = [torch.randn(h, i, generator=g) / math.sqrt(i) for _ in range(e)]
-        if split_gate_up:  # NVFP4 gate and up with different tensor scales, fused with per-row scales
+        if fmt == "bf16":
+            self.wgu = [w.bfloat16() for w in wgu]
+        elif split_gate_up:  # NVFP4 gate and up with different tensor scales, fused with per-row scales
             self.wgu = [fuse([FP4Weight.from_float(w[:i] * 4.0, fmt), FP4Weight.from_float(w[i:], fmt)]) for w in wgu]
         else:
             self.wgu = [FP4Weight.from_float(w, fmt) for w in wgu]
-        self.wd = [FP4Weight.from_float(w, fmt) for w in wd]
+        self.wd = [w.bfloat16() for w in wd] if fmt == "bf16" else [FP4Weight.from_float(w, fmt) for w in wd]
         self.bgu = self.bd = None
         if bias:
             self.bgu = (torch.randn(e, 2 * i, generator=g) * 0.5).bfloat16().to(device)
@@ -127,8 +134,30 @@ def test_stack_experts_errors():
         moe.stack_experts([a], "meta")
 
 
+def test_stack_experts_bf16():
+    g = torch.Generator().manual_seed(2)
+    ws = [torch.randn(2 * I, H, generator=g) for _ in range(3)]
+    st = moe.stack_experts(ws)
+    assert st.dtype == torch.bfloat16 and st.device.type == "cpu" and st.is_contiguous()
+    assert tuple(st.shape) == (3, 2 * I, H)
+    for i, w in enumerate(ws):
+        assert torch.equal(st[i], w.bfloat16())  # row-major [n, k], rounded to bfloat16
+    assert torch.equal(moe.stack_experts([w.bfloat16() for w in ws]), st)
+    assert torch.equal(fp4kit.stack_experts(ws, "cpu"), st)
+    with pytest.raises(TypeError, match=r"weights\[1\]: must be a torch tensor like weights\[0\] \(got FP4Weight\)"):
+        moe.stack_experts([ws[0], FP4Weight.from_float(ws[1], "mxfp4")])
+    with pytest.raises(TypeError, match=r"weights\[0\]: a BF16 expert must be a 2-D floating tensor"):
+        moe.stack_experts([torch.zeros(4, 8, dtype=torch.int32)])
+    with pytest.raises(TypeError, match=r"weights\[1\]: a BF16 expert must be a 2-D floating tensor"):
+        moe.stack_experts([ws[0], ws[1][None]])
+    with pytest.raises(ValueError, match=r"weights\[2\]: shape \(192, 80\) differs from weights\[0\]'s \(192, 160\)"):
+        moe.stack_experts([ws[0], ws[1], ws[2][:, :80]])
+    with pytest.raises(ValueError, match="device: must be a CPU or CUDA device"):
+        moe.stack_experts(ws, "meta")
+
+
 # ---- the CPU op ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 @pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("silu", "interleaved"),
                                                ("swiglu_oai", "interleaved"), ("swiglu_oai", "concatenated")])
 @pytest.mark.parametrize("bias", [False, True])
@@ -141,8 +170,9 @@ def test_cpu_op_is_the_reference(fmt, activation, layout, bias):
     assert torch.equal(y, layer.reference(x, ids, wts, activation, layout))
 
 
-def test_cpu_op_bad_or_repeated_id_gives_nan_row_only():
-    layer = Layer("mxfp4", 8, H, I, seed=5)
+@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
+def test_cpu_op_bad_or_repeated_id_gives_nan_row_only(fmt):
+    layer = Layer(fmt, 8, H, I, seed=5)
     x, ids, wts = _inputs(7, 8, 3, H, seed=6)
     bad = ids.clone()
     bad[2, 1] = 8
@@ -173,7 +203,7 @@ def test_cpu_op_empty_batch():
     assert tuple(y.shape) == (0, H) and y.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_opcheck_cpu(fmt):
     layer = Layer(fmt, 4, H, I, seed=10, bias=True)
     x, ids, wts = _inputs(3, 4, 2, H, seed=11)
@@ -264,8 +294,10 @@ def test_argument_errors():
         call(layout="blocked")
     with pytest.raises(ValueError, match="inter: I = 40 must be a multiple of the nvfp4 group size 16"):
         call(inter=40)
-    with pytest.raises(ValueError, match='format: must be "nvfp4" or "mxfp4"'):
+    with pytest.raises(ValueError, match='format: must be "nvfp4", "mxfp4" or "bf16"'):
         call(fmt="int4")
+    with pytest.raises(TypeError, match=r'w_gate_up: dtype must be torch.bfloat16 \(format "bf16": experts '):
+        call(fmt="bf16")  # FP4 stacks given as BF16 experts
     with pytest.raises(ValueError, match="limit: must be positive"):
         call(limit=0.0)
     with pytest.raises(ValueError, match="alpha: must be a finite number"):
@@ -274,6 +306,34 @@ def test_argument_errors():
         fp4kit.fused_moe_from_logits(x, torch.randn(3, 4), 2, a, b, "nvfp4", I, routing="top1")
     with pytest.raises(ValueError, match='n_group: applies to routing="sigmoid_grouped" only'):
         fp4kit.fused_moe_from_logits(x, torch.randn(3, 4), 2, a, b, "nvfp4", I, n_group=2)
+
+
+def test_argument_errors_bf16():
+    layer = Layer("bf16", 4, H, I, seed=17, bias=True)
+    x, ids, wts = _inputs(3, 4, 2, H, seed=18)
+    a, b = layer.a, layer.b
+
+    def call(x=x, a=a, b=b, fmt="bf16", inter=I):
+        return moe.fused_moe(x, ids, wts, a, b, fmt, inter, "silu", "concatenated", layer.bgu, layer.bd)
+
+    assert tuple(call().shape) == (3, H)
+    with pytest.raises(TypeError, match=r"w_gate_up: dtype must be torch.uint8 \(stacked experts"):
+        call(fmt="mxfp4")  # BF16 experts given as FP4 stacks
+    with pytest.raises(TypeError, match=r'w_down: dtype must be torch.bfloat16 \(format "bf16"'):
+        call(b=b.float())
+    with pytest.raises(ValueError, match=r"w_gate_up: must have 3 dimensions"):
+        call(a=a.reshape(4, -1))
+    with pytest.raises(ValueError, match=r"w_gate_up: shape must be \(E, 192, 160\), one row-major \[n, k\] bfloat16"):
+        call(a=a.transpose(1, 2).contiguous())  # [E, k, n]: transpose checkpoints stored as x @ W first
+    with pytest.raises(ValueError, match=r"w_down: must hold one row per expert, E = w_gate_up.shape\[0\] = 4"):
+        call(b=b[:3])
+    with pytest.raises(ValueError, match=r"w_down: must be contiguous"):
+        call(b=b.transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(ValueError, match=r"x: H = x.shape\[1\] = 36 must be a positive multiple of 8 \(16-byte rows "
+                                         r"of bf16 experts\)"):
+        call(x=x[:, :36].contiguous())
+    with pytest.raises(ValueError, match=r"inter: I = 44 must be a multiple of 8 \(16-byte rows of bf16 experts\)"):
+        call(inter=44)
 
 
 def test_moe_workspace_one_per_stream_grown_never_shared_with_the_gemm(monkeypatch):
@@ -312,7 +372,7 @@ def _check_gpu(layer, x, ids, wts, activation="silu", layout="concatenated", tol
 
 
 @needs_gpu
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 @pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("silu", "interleaved"),
                                                ("swiglu_oai", "interleaved"), ("swiglu_oai", "concatenated")])
 @pytest.mark.parametrize("bias", [False, True])
@@ -327,7 +387,7 @@ def test_cuda_matches_reference(fmt, activation, layout, bias):
 
 @needs_gpu
 @pytest.mark.parametrize("fmt,e,h,i", [("nvfp4", 8, 176, 48), ("mxfp4", 16, 96, 64), ("nvfp4", 64, 160, 96),
-                                       ("mxfp4", 64, 224, 160)])
+                                       ("mxfp4", 64, 224, 160), ("bf16", 16, 168, 104), ("bf16", 64, 224, 160)])
 def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
     layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
     for t in (1, 5, 37, 64, 100):  # 100: two passes of 64 tokens
@@ -337,7 +397,7 @@ def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
 
 
 @needs_gpu
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_cuda_routing_modes(fmt):
     e, k, t = 32, 4, 37
     layer = Layer(fmt, e, H, I, seed=30, device="cuda")
@@ -361,20 +421,21 @@ def test_cuda_routing_modes(fmt):
 
 
 @needs_gpu
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_cuda_edge_routings(fmt):
     e = 64
     layer = Layer(fmt, e, H, I, seed=40, device="cuda", bias=True)
     g = torch.Generator().manual_seed(41)
-    # most experts get no token; their buffers hold garbage (NaN block scales) that must not be read
+    # most experts get no token; their buffers hold garbage (NaN block scales, NaN weights) that must not be read
+    garbage = float("nan") if fmt == "bf16" else 0xFF
     x, _, wts = _inputs(5, e, 2, H, seed=42, device="cuda")
     ids = torch.tensor([[3, 7], [7, 3], [3, 7], [7, 3], [3, 7]], dtype=torch.int32, device="cuda")
     want = layer.run(x, ids, wts)
     saved_a, saved_b = layer.a.clone(), layer.b.clone()
     for ex in range(e):
         if ex not in (3, 7):
-            layer.a[ex].fill_(0xFF)
-            layer.b[ex].fill_(0xFF)
+            layer.a[ex].fill_(garbage)
+            layer.b[ex].fill_(garbage)
     y = _check_gpu(layer, x, ids, wts)
     assert torch.equal(y, want)
     layer.a.copy_(saved_a)
@@ -391,9 +452,10 @@ def test_cuda_edge_routings(fmt):
 
 
 @needs_gpu
-def test_cuda_bad_or_repeated_id_gives_nan_row_only():
+@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+def test_cuda_bad_or_repeated_id_gives_nan_row_only(fmt):
     e = 8
-    layer = Layer("nvfp4", e, H, I, seed=50, device="cuda")
+    layer = Layer(fmt, e, H, I, seed=50, device="cuda")
     for t in (7, 100):
         x, ids, wts = _inputs(t, e, 2, H, seed=51 + t, device="cuda")
         bad = ids.clone()
@@ -410,8 +472,9 @@ def test_cuda_bad_or_repeated_id_gives_nan_row_only():
 
 
 @needs_gpu
-def test_cuda_deterministic_and_empty():
-    layer = Layer("mxfp4", 16, H, I, seed=60, device="cuda", bias=True)
+@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
+def test_cuda_deterministic_and_empty(fmt):
+    layer = Layer(fmt, 16, H, I, seed=60, device="cuda", bias=True)
     x, ids, wts = _inputs(37, 16, 4, H, seed=61, device="cuda")
     y1 = layer.run(x, ids, wts, "swiglu_oai", "interleaved")
     y2 = layer.run(x, ids, wts, "swiglu_oai", "interleaved")
@@ -425,14 +488,15 @@ def test_cuda_workspace_across_shapes_and_gemm():
     """Calls of changing shapes on one stream, with GEMMs in between: each still matches its reference."""
     l1 = Layer("nvfp4", 8, H, I, seed=65, device="cuda")
     l2 = Layer("mxfp4", 16, 96, 64, seed=66, device="cuda", bias=True)
+    l3 = Layer("bf16", 16, 96, 64, seed=69, device="cuda", bias=True)
     n, k = 4096 + 48, 4096  # a GEMM large enough to use its workspace (stream-K)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(67))
     p, s, ts = torch.ops.fp4kit.quantize(w.cuda(), "nvfp4")
     buf = torch.ops.fp4kit.prepack(p, s, ts, "nvfp4", n, k)
     xg = torch.randn(16, k, generator=torch.Generator().manual_seed(68)).bfloat16().cuda()
     y_gemm = torch.ops.fp4kit.gemm(xg, buf, "nvfp4", n, k)
-    for step, (layer, t, kk) in enumerate([(l1, 1, 2), (l1, 37, 4), (l2, 5, 2), (l1, 1, 2), (l2, 100, 8),
-                                           (l1, 37, 4), (l1, 37, 4), (l2, 5, 2)]):
+    for step, (layer, t, kk) in enumerate([(l1, 1, 2), (l1, 37, 4), (l2, 5, 2), (l3, 37, 4), (l1, 1, 2),
+                                           (l2, 100, 8), (l3, 1, 2), (l1, 37, 4), (l1, 37, 4), (l2, 5, 2)]):
         x, ids, wts = _inputs(t, layer.e, kk, layer.h, seed=200 + step, device="cuda")
         _check_gpu(layer, x, ids, wts)
         assert torch.equal(torch.ops.fp4kit.gemm(xg, buf, "nvfp4", n, k), y_gemm), f"GEMM after step {step}"
@@ -450,12 +514,19 @@ def test_cuda_argument_errors():
     shifted.copy_(layer.a)  # contiguous, 16 bytes past a 256-byte boundary
     with pytest.raises(ValueError, match=r"w_gate_up: data must be 256-byte aligned"):
         moe.fused_moe(x, ids, wts, shifted, layer.b, "nvfp4", I)
+    bl = Layer("bf16", 4, H, I, seed=72, device="cuda")
+    shifted = torch.zeros(bl.b.numel() + 4, dtype=torch.bfloat16, device="cuda")[4:].view(bl.b.shape)
+    shifted.copy_(bl.b)  # contiguous, 8 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match=r"w_down: data must be 16-byte aligned"):
+        moe.fused_moe(x, ids, wts, bl.a, shifted, "bf16", I)
+    assert torch.isfinite(moe.fused_moe(x, ids, wts, bl.a, bl.b, "bf16", I)).all()
 
 
 @needs_gpu
-def test_cuda_graph_capture_replay_changing_routing():
+@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+def test_cuda_graph_capture_replay_changing_routing(fmt):
     e, t, k = 16, 37, 4
-    layer = Layer("nvfp4", e, H, I, seed=80, device="cuda", bias=True)
+    layer = Layer(fmt, e, H, I, seed=80, device="cuda", bias=True)
     x_s, ids_s, wts_s = _inputs(t, e, k, H, seed=81, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -497,7 +568,7 @@ def test_compile_fullgraph_cuda():
 
 
 @needs_gpu
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_opcheck_cuda(fmt):
     layer = Layer(fmt, 8, H, I, seed=95, device="cuda", bias=True)
     x, ids, wts = _inputs(5, 8, 2, H, seed=96, device="cuda")
