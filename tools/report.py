@@ -103,18 +103,25 @@ def readme_table(runs):
 
 
 def moe_table(runs):
-    """fp4kit-bench-moe runs: one row per (model, format, T)."""
+    """fp4kit-bench-moe runs: one row per (model, format, T); with BF16 experts in the run (format bf16), a column
+    with each FP4 row's speedup over them (same model and T)."""
     out = []
     for d in runs:
         out.append(f"**fused MoE** on {d['device']}, commit `{d['commit']}`, {d['date']} (`{Path(d['_path']).as_posix()}`). "
                    f"{d['method']}.")
         out.append("")
-        out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s |")
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+        vs = any("speedup_vs_bf16" in r for r in d["rows"])
+        extra = " speedup over bf16 |" if vs else ""
+        out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s |"
+                   + extra)
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if vs else ""))
         for r in d["rows"]:
+            sp = ""
+            if vs:
+                sp = f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
             out.append(f"| {r['model']} | {r['E']} / {r['top_k']} | {r['H']} x {r['I']} | {r['format']} | {r['T']} | "
                        f"{r['us']:.1f} | {r['touched_experts']:.1f} | {r['weight_tbps']:.2f} | "
-                       f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} |")
+                       f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} |" + sp)
         out.append("")
     return "\n".join(out)
 
