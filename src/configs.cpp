@@ -1,6 +1,16 @@
 #include "configs.h"
 
+#include <algorithm>
+#include <cstdio>
+
 namespace fp4kit {
+
+namespace {
+constexpr int kDefaultSms = 132;       // H100 SXM / H200
+constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x 16)
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t k_slices(int64_t k) { return std::max<int64_t>(1, cdiv(k, 512)); }  // = PackedLayout::k_macros
+}  // namespace
 
 const KernelConfig* kernel_configs(int* count) {
   if (count) *count = kNumKernelConfigs;
@@ -13,21 +23,78 @@ const KernelConfig* find_config(int id) {
   return nullptr;
 }
 
-int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major) {
+int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n) {
+  return cdiv(n, kPrefillRows) * cdiv(m, 8 * int64_t(c.n_tiles));
+}
+
+int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
+  if (sms <= 0) sms = kDefaultSms;
+  const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k);
+  if (c.max_splits <= 1 || tiles >= sms) return 1;
+  int best = 1;
+  double best_cost = 0;
+  for (int s = 1; s <= c.max_splits && s <= slices; ++s) {
+    if (s > 1 && tiles * s > 2 * int64_t(sms)) break;
+    const double cost = double(cdiv(tiles * s, sms)) * (double(cdiv(slices, s)) + (s > 1 ? 0.5 : 0.0));
+    if (s == 1 || cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
+  if (sms <= 0) sms = kDefaultSms;
+  const int s = prefill_splits(c, m, n, k, sms);
+  const int64_t waves = cdiv(prefill_tiles(c, m, n) * s, sms);
+  return double(waves) * double(8 * c.n_tiles + 300) *
+         (double(cdiv(k_slices(k), s)) + 0.25 + (s > 1 ? 0.5 : 0.0));
+}
+
+int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) {
+  const KernelConfig* best = nullptr;
+  double best_cost = 0;
+  for (int i = 0; i < kNumKernelConfigs; ++i) {
+    const KernelConfig& c = kKernelConfigs[i];
+    if (!is_prefill(c) || !config_supported(c, cc_major)) continue;
+    const double cost = prefill_cost(c, m, n, k, sms);
+    if (!best || cost < best_cost) {  // ties: the earlier entry (whole K before split)
+      best = &c;
+      best_cost = cost;
+    }
+  }
+  return best ? best->id : -1;
+}
+
+int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major, int sms) {
+  if (sms <= 0) sms = kDefaultSms;
+  const int prefill = m >= kPrefillMinM ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
+  if (prefill >= 0) {
+    const KernelConfig& best = *find_config(prefill);
+    if (why) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.0f", prefill_cost(best, m, n, k, sms));
+      *why = "m=" + std::to_string(m) + ": " + best.name + " (prefill kernel from m >= " + std::to_string(kPrefillMinM) +
+             " on cc 9.x: least modelled time " + buf + ", " + std::to_string(prefill_tiles(best, m, n)) + " tiles x " +
+             std::to_string(prefill_splits(best, m, n, k, sms)) + " K splits on " + std::to_string(sms) + " SMs)";
+    }
+    return prefill;
+  }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
   const bool large = n * k >= (int64_t(1) << 28);
   int nt = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (config_supported(kKernelConfigs[i], cc_major) && 8 * kKernelConfigs[i].n_tiles >= mb &&
-        (nt == 0 || kKernelConfigs[i].n_tiles < nt))
+    if (!is_prefill(kKernelConfigs[i]) && config_supported(kKernelConfigs[i], cc_major) &&
+        8 * kKernelConfigs[i].n_tiles >= mb && (nt == 0 || kKernelConfigs[i].n_tiles < nt))
       nt = kKernelConfigs[i].n_tiles;
-  if (nt == 0) return kKernelConfigs[kNumKernelConfigs - 1].id;
   const KernelConfig* pick = nullptr;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (c.n_tiles != nt || !config_supported(c, cc_major)) continue;
+    if (c.n_tiles != nt || is_prefill(c) || !config_supported(c, cc_major)) continue;
     if (!pick || (large && c.row_tiles > pick->row_tiles)) pick = &c;
   }
+  if (!pick) return kKernelConfigs[0].id;  // unreachable: the table has ring entries up to 64 tokens
   if (why)
     *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +

@@ -1,8 +1,10 @@
-// configs.h: the one table of decode-GEMM kernel configs.
+// configs.h: the one table of GEMM kernel configs: the decode kernels (mma.sync, register-dequantised
+// weights, stream-K; sm_80+) and the Hopper prefill kernel (wgmma; sm_90a).
 //
 // The dispatcher, the tests (every entry is tested), the benchmark and the tuner all read this table.
-// An entry is instantiated for {NVFP4, MXFP4} x {BF16, FP16}; keep it short: each one costs compile time
-// and must earn its place in a benchmark.
+// A decode entry is instantiated for {NVFP4, MXFP4} x {BF16, FP16}; keep it short: each one costs compile
+// time and must earn its place in a benchmark. Prefill entries share one kernel per token tile (the K
+// split is a launch parameter), so a split variant costs no compile time.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,20 +22,35 @@ struct KernelConfig {
   int stages;       // ring: D register stages (1: load, then compute; 2+: the next stages in flight);
                     // bulk: S shared-memory stages of one K slice each
   int pipeline;     // kRing: per-lane loads into a register ring (sm_80+); kBulk: a producer warp streams
-                    // whole K slices into a shared-memory ring with cp.async.bulk + mbarriers (sm_90)
+                    // whole K slices into a shared-memory ring with cp.async.bulk + mbarriers (sm_90);
+                    // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a)
+  int max_splits = 1;  // kWgmma: the most K splits the plan may use when the output tiles leave SMs idle
+                       // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
 };
 
-enum Pipeline : int { kRing = 0, kBulk = 1 };
+enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
 
-// Whether a device of compute capability major.minor runs the config (the bulk pipeline is built for
-// sm_90a only).
+// How the fields read for a kWgmma (prefill) entry:
+//   n_tiles    token tile / 8 (token tile BN = 64, 128 or 256 tokens per CTA; any m runs in one launch)
+//   row_tiles  16-row weight tiles per consumer warp (1: a CTA is 8 warps x 16 = 128 weight rows)
+//   warps      consumer warps (8: two warpgroups; the CTA adds a producer warpgroup, 384 threads)
+//   min_blocks CTAs per SM (1: the ring takes the shared memory)
+//   chunks     64-K chunks per ring stage (2: 128 K)
+//   stages     ring stages (what fits in 220 KB: 8 / 5 / 3 for BN = 64 / 128 / 256; prefill.cu checks it)
+//   max_splits most K splits (prefill_splits picks the count per shape)
+constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma; }
+
+// Whether a device of compute capability major runs the config (the bulk pipeline and the prefill kernel
+// are Hopper-only: sm_90 / sm_90a).
 constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.pipeline == kRing || cc_major == 9; }
 
 // The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
 // config is written down.
-// id, name, n_tiles, row_tiles/warp, warps (consumer warps for kBulk), min CTAs/SM, chunks per stage, stages, pipeline
-// Order matters: for each n_tiles the first entry is the dispatcher's default, except on large layers
-// (see pick_config).
+// id, name, n_tiles, row_tiles/warp, warps (consumer warps for kBulk), min CTAs/SM, chunks per stage, stages,
+// pipeline[, max K splits]
+// Order matters: for each n_tiles the first decode entry is the dispatcher's default, except on large
+// layers (see pick_config). Decode entries come first (the MoE layer takes the first entry of a given
+// n_tiles and pipeline).
 inline constexpr KernelConfig kKernelConfigs[] = {
     {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing},
     {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, kRing},
@@ -55,6 +72,17 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
+    // Prefill (sm_90a): CTA = 128 weight rows x BN tokens, wgmma with the dequantised weights as register
+    // A, X by TMA; measured at b7022e8 (whole K per CTA): 640-730 TFLOP/s on Llama-70B layers at
+    // m >= 1024, ~400 at m = 256 where 64-128 CTAs leave the 132 SMs of an H200 idle. The _k8 variants
+    // split K (up to 8 ways, on 512-K slice boundaries) when the tiles leave SMs idle; the partial tiles
+    // are summed in split order by the last CTA to arrive (deterministic, workspace from the plan).
+    {20, "p64_w8_s8", 8, 1, 8, 1, 2, 8, kWgmma},
+    {21, "p128_w8_s5", 16, 1, 8, 1, 2, 5, kWgmma},
+    {22, "p256_w8_s3", 32, 1, 8, 1, 2, 3, kWgmma},
+    {23, "p64_w8_s8_k8", 8, 1, 8, 1, 2, 8, kWgmma, 8},
+    {24, "p128_w8_s5_k8", 16, 1, 8, 1, 2, 5, kWgmma, 8},
+    {25, "p256_w8_s3_k8", 32, 1, 8, 1, 2, 3, kWgmma, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -62,11 +90,40 @@ inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKe
 const KernelConfig* kernel_configs(int* count);
 const KernelConfig* find_config(int id);
 
-// Analytic default: the smallest n_tiles that covers m (m > 64 runs in 64-token blocks), then the entry
-// the table lists first for it; on layers of >= 2^28 weights the first entry with the most row tiles per
-// warp (B fragments reused over two row tiles pay where row groups are plentiful: measured on Llama-70B
-// gate_up at m = 16, 104 vs 111 us; on every smaller layer one row tile per warp was faster). `why` (optional) receives a one-line explanation.
-// Only entries the device runs are considered (cc_major: the device's compute capability major).
-int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9);
+// The m from which the analytic default runs the prefill kernel on a cc 9.x device: m >= 65. Below it
+// the decode kernel serves m in one launch of up to 64 tokens (measured at 2659b02, Llama-70B layers:
+// 1.1-1.5x cuBLAS BF16 at m = 32, 0.82-1.07x at m = 64). Past 64 tokens the decode kernel runs one
+// launch per 64 tokens and re-reads the weights each time (m = 65 costs twice m = 64), so the prefill
+// kernel wins from m = 65 on. At m = 64 prefill_cost (fitted at b7022e8; split K not measured yet)
+// estimates 33 / 51 / 110 / 248 us for o / qkv / down / gate_up against the decode kernel's measured
+// 44 / 50 / 114 / 211: a win on o only, so the threshold stays above 64 until
+// fp4kit-bench --suite llama70b-prefill --config all has measured the crossover.
+inline constexpr int64_t kPrefillMinM = 65;
+
+// Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
+// H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
+// (prefill_cost). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights the first
+// entry with the most row tiles per warp (B fragments reused over two row tiles pay where row groups are
+// plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us; on every smaller layer one row tile
+// per warp was faster). `why` (optional) receives a one-line explanation. Only entries the device runs
+// are considered.
+int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0);
+// The prefill entry of least modelled time for any m (what pick_config takes from kPrefillMinM on), or -1
+// where the device runs none.
+int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major = 9, int sms = 0);
+
+// Prefill scheduling model, shared by the plan and the analytic default (host only).
+// Output tiles of a prefill entry: ceil(n / 128) row blocks x ceil(m / BN) token tiles.
+int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
+// K splits: 1 when the tiles fill the SMs (or the entry has max_splits 1); else the s in [1, min(max_splits,
+// ceil(k / 512))] with tiles * s <= 2 * sms that minimises ceil(tiles * s / sms) * (ceil(slices / s) +
+// 0.5): CTA waves times the slices of a split plus half a slice for writing and summing partials (ties
+// to fewer splits).
+int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
+// Modelled time in arbitrary units: waves x (BN + 300) x (slices per CTA + 0.25 ramp, + 0.5 when split);
+// a CTA's time at K = 8192 fits ~0.17 us x (BN + 300) on the H200 (95, 73, 63 us for BN = 256, 128, 64):
+// the dequantisation per K is the same for every BN, the MMA work scales with it.
+double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 
 }  // namespace fp4kit

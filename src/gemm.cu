@@ -1,5 +1,5 @@
-// gemm.cu: dispatch for the decode GEMM: the launch plan, the instantiated kernels (one per config-table
-// entry x format x activation dtype) and the entry points.
+// gemm.cu: dispatch: the launch plan, the instantiated decode kernels (one per decode entry of the config
+// table x format x activation dtype; the prefill kernel's host side is prefill.cu) and the entry points.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,6 +14,7 @@
 #include "fp4kit/tuning.h"
 #include "gemm_internal.h"
 #include "decode_kernels.cuh"
+#include "prefill.h"
 #include "repack_common.h"
 
 namespace fp4kit {
@@ -70,8 +71,6 @@ Status device_facts(int* dev, DeviceFacts* out) {
   return Status::Ok();
 }
 
-size_t align256(size_t v) { return (v + 255) / 256 * 256; }
-
 }  // namespace
 
 namespace detail {
@@ -108,12 +107,17 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (facts.major < 8)
     return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(facts.major) +
                                "." + std::to_string(facts.minor) + ")");
-  const int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.major);
+  int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.major, facts.sms);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
+  if (config < 0 && is_prefill(*cfg) && !prefill_runs_here()) {
+    id = pick_config(m, w.n, w.k, nullptr, 8, facts.sms);  // a build without sm_90a code: the decode kernel
+    cfg = find_config(id);
+  }
   if (!config_supported(*cfg, facts.major))
     return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +
                                std::to_string(facts.major) + "." + std::to_string(facts.minor) + ")");
+  if (is_prefill(*cfg)) return plan_prefill(m, w, act, *cfg, facts.sms, plan);
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
   KernelFn fn = select_kernel(w.format, act, id);
@@ -137,7 +141,7 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   // Split row groups exist only when some CTA's range does not cover whole row groups.
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {
-    p.counters_bytes = align256(size_t(p.row_groups) * sizeof(int));
+    p.counters_bytes = counters_region(p.row_groups);
     p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
@@ -158,6 +162,7 @@ Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t*
 Status gemm(const GemmArgs& a, cudaStream_t stream) {
   detail::DecodePlan plan;
   FP4KIT_RETURN_IF_ERROR(detail::validate(a, &plan));
+  if (is_prefill(*plan.cfg)) return detail::launch_prefill(a, plan, stream);
   const PackedLayout& l = plan.layout;
   const KernelFn fn = reinterpret_cast<KernelFn>(const_cast<void*>(plan.kernel));
 

@@ -1,5 +1,6 @@
 // gemm_internal.h: the launch plan shared by the workspace query, the launcher and the tests.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -9,29 +10,45 @@
 namespace fp4kit {
 namespace detail {
 
+// The launch plan of either kernel (the name is the decode kernel's, which the MoE layer plans with too).
+// Decode (kRing, kBulk): persistent stream-K CTAs over (row group, K slice) units, one launch per m_block
+// tokens. Prefill (kWgmma): one launch of row_groups (128-row blocks) x token_tiles x splits CTAs.
 struct DecodePlan {
   const KernelConfig* cfg = nullptr;
   const void* kernel = nullptr;  // the instantiated kernel for (format, act, cfg)
   int threads = 0;               // its block size
   int smem_bytes = 0;            // its dynamic shared memory
   PackedLayout layout;           // of the weight
-  int64_t m_block = 0;      // tokens per launch (8 * n_tiles)
-  int row_groups = 0;
-  int64_t units = 0;        // row_groups * k_macros
-  int grid = 0;             // persistent CTAs
+  int64_t m_block = 0;      // tokens per launch (decode: 8 * n_tiles; prefill: m)
+  int row_groups = 0;       // decode: row groups; prefill: 128-row blocks
+  int64_t units = 0;        // decode: row_groups * k_macros; prefill: output tiles (row_groups * token_tiles)
+  int grid = 0;             // CTAs per launch (decode: persistent; prefill: units * splits)
+  int token_tiles = 0;      // prefill: ceil(m / token tile)
+  int splits = 1;           // prefill: K splits per tile (> 1: partial tiles summed through the workspace)
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
 };
+
+// Every plan's arrival counters lie in the workspace's first kCounterRegionBytes (all of them as long as
+// they number <= 16384: row groups of n <= 2M rows, prefill tiles), and its partial tiles after it: the
+// partials a call leaves behind never lie under another shape's counters, so one zero-filled workspace
+// serves calls of every shape (each call leaves its counters zeroed).
+constexpr size_t kCounterRegionBytes = size_t(64) << 10;
+inline size_t counters_region(int64_t counters) {
+  return std::max(kCounterRegionBytes, (size_t(counters) * sizeof(int) + 255) / 256 * 256);
+}
 
 // Bytes of one CTA's partial tile in the stream-K workspace (fp32, warps x row tiles x token tiles).
 inline size_t partial_slot_bytes(const KernelConfig& c) {
   return size_t(c.warps) * c.row_tiles * c.n_tiles * 4 * 32 * sizeof(float);
 }
 
-// Threads of a config's CTA: its warps, plus the producer warp of the bulk pipeline.
+// Threads of a decode config's CTA: its warps, plus the producer warp of the bulk pipeline.
 inline int launch_threads(const KernelConfig& c) { return (c.warps + (c.pipeline == kBulk ? 1 : 0)) * 32; }
 
-// Everything a launch needs, from the shape, the config table and the (cached) device facts. Fails with
-// the rule on bad shapes or configs, and with "device: ..." on a device fp4kit cannot run on.
+// Everything a launch needs, from the shape, the config table and the (cached) device facts. config < 0:
+// the dispatcher's pick (dispatch_config; a prefill pick falls back to the decode kernel where this build
+// has no sm_90a code). Fails with the rule on bad shapes or configs, and with "device: ..." on a device
+// fp4kit cannot run on.
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);
 
 // CTAs of `kernel` (threads, dynamic shared memory smem) resident per SM on the current device, cached per

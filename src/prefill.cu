@@ -1,4 +1,5 @@
-// prefill.cu: host side of the Hopper prefill GEMM: argument checks, the X tensor map, the kernel table.
+// prefill.cu: host side of the Hopper prefill GEMM: its launch plan (kernel per token tile, K splits,
+// workspace), the X tensor map, the launch.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,21 +23,31 @@ namespace {
 namespace pk = kernels::prefill;
 using PrefillFn = void (*)(const CUtensorMap, const pk::PrefillParams);
 
+// The kernel of a token tile: its dynamic shared memory, ring stages and one split's partial-tile floats.
+struct PrefillKernel {
+  PrefillFn fn = nullptr;
+  int smem = 0, stages = 0, partial_floats = 0;
+};
+template <Format F, typename T, int BN>
+PrefillKernel kernel_of() {
+  using G = pk::Geometry<BN>;
+  return {pk::prefill_gemm_kernel<F, T, BN>, G::kSmem, G::kStages, G::kPartialFloats};
+}
 template <Format F, typename T>
-PrefillFn kernel_for_tile(int bn, int* smem) {
+PrefillKernel kernel_for_tile(int bn) {
   switch (bn) {
-    case 64: *smem = pk::Geometry<64>::kSmem; return pk::prefill_gemm_kernel<F, T, 64>;
-    case 128: *smem = pk::Geometry<128>::kSmem; return pk::prefill_gemm_kernel<F, T, 128>;
-    case 256: *smem = pk::Geometry<256>::kSmem; return pk::prefill_gemm_kernel<F, T, 256>;
-    default: return nullptr;
+    case 64: return kernel_of<F, T, 64>();
+    case 128: return kernel_of<F, T, 128>();
+    case 256: return kernel_of<F, T, 256>();
+    default: return {};
   }
 }
-PrefillFn select_kernel(Format f, DType act, int bn, int* smem) {
+PrefillKernel select_kernel(Format f, DType act, int bn) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn, smem)
-                               : kernel_for_tile<Format::kNVFP4, __half>(bn, smem);
-  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn, smem)
-                             : kernel_for_tile<Format::kMXFP4, __half>(bn, smem);
+    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn)
+                               : kernel_for_tile<Format::kNVFP4, __half>(bn);
+  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn)
+                             : kernel_for_tile<Format::kMXFP4, __half>(bn);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), resolved once.
@@ -60,98 +71,89 @@ Status encode_fn(EncodeTiledFn* out) {
   return Status::Ok();
 }
 
-// Per (device, kernel): the dynamic shared memory attribute is set and the binary checked once.
+// Per (device, kernel): whether the binary carries sm_90a code for it, checked once.
 std::mutex g_mu;
-std::vector<std::pair<std::pair<int, const void*>, bool>> g_ready;
+std::vector<std::pair<std::pair<int, const void*>, bool>> g_checked;
 
-Status prepare_kernel(int dev, PrefillFn fn, int smem) {
+Status check_image(PrefillFn fn) {
   const void* key = reinterpret_cast<const void*>(fn);
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto& r : g_ready)
-    if (r.first.first == dev && r.first.second == key) return Status::Ok();
-  cudaFuncAttributes attr{};
-  cudaError_t e = cudaFuncGetAttributes(&attr, key);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Unsupported(std::string("device: the prefill kernel has no image for this device (") +
-                               cudaGetErrorString(e) + "); build with CUDA architecture 90a");
-  }
-  // A compute_80 PTX JIT-compiled for an sm_90 device would run the empty (trapping) body.
-  if (attr.ptxVersion < 90)
-    return Status::Unsupported("device: this build has no sm_90a code for the prefill kernel (PTX " +
-                               std::to_string(attr.ptxVersion) + "); build with CUDA architecture 90a");
-  e = cudaFuncSetAttribute(key, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(Code::kCudaError, std::string("prefill: cannot reserve ") + std::to_string(smem) +
-                                        " bytes of shared memory (" + cudaGetErrorString(e) + ")");
-  }
-  g_ready.push_back({{dev, key}, true});
-  return Status::Ok();
-}
-
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
-}  // namespace
-
-PrefillConfig default_prefill_config(int64_t m, int64_t n, int sms) {
-  const int64_t row_blocks = (n + pk::kRowsPerCta - 1) / pk::kRowsPerCta;
-  PrefillConfig best{256};
-  double best_cost = 0;
-  for (int bn : {256, 128, 64}) {
-    const int64_t ctas = row_blocks * ((m + bn - 1) / bn);
-    const int64_t waves = (ctas + sms - 1) / std::max(sms, 1);
-    // A CTA's time is ~ BN + 300 (H200, K = 8192: 95, 73, 63 us for BN = 256, 128, 64): the weight
-    // dequantisation per chunk is the same for every BN, the MMA work scales with it.
-    const double cost = double(waves) * (bn + 300);
-    if (bn == 256 || cost < best_cost) {
-      best_cost = cost;
-      best.token_tile = bn;
-    }
-  }
-  return best;
-}
-
-Status launch_prefill(const GemmArgs& a, const PrefillConfig& cfg_in, cudaStream_t stream) {
-  // ---- arguments (the gemm() rules that apply; no workspace, no config table)
-  if (a.m < 1) return Status::Invalid("m: must be >= 1 (got " + str(a.m) + ")");
-  if (a.m > INT32_MAX) return Status::Invalid("m: must be < 2^31 (got " + str(a.m) + ")");
-  if (a.act != DType::kBF16 && a.act != DType::kF16)
-    return Status::Invalid(std::string("act: must be bfloat16 or float16 (got ") + dtype_name(a.act) + ")");
-  FP4KIT_RETURN_IF_ERROR(check_shape(a.w.format, a.w.n, a.w.k));
-  if (!a.x) return Status::Invalid("x: must not be null");
-  if (!aligned(a.x, 16)) return Status::Invalid("x: must be 16-byte aligned");
-  if (!a.y) return Status::Invalid("y: must not be null");
-  if (!aligned(a.y, 16)) return Status::Invalid("y: must be 16-byte aligned");
-  if (!a.w.data) return Status::Invalid("w.data: must not be null (prepack the weight first)");
-  if (!aligned(a.w.data, 16)) return Status::Invalid("w.data: must be 16-byte aligned");
-  if (a.bias && !aligned(a.bias, 2)) return Status::Invalid("bias: must be 2-byte aligned");
-  if (a.m * a.w.n >= (int64_t(1) << 40) || a.m * a.w.k >= (int64_t(1) << 40))
-    return Status::Invalid("m: m*k and m*n must be < 2^40 elements (got m=" + str(a.m) + ")");
-
-  // ---- device
-  int dev = 0, major = 0, sms = 0;
+  int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return Status(Code::kCudaError, std::string("device: no usable CUDA device (") + cudaGetErrorString(e) + ")");
   }
-  if (major != 9)
-    return Status::Unsupported("device: the prefill kernel needs compute capability 9.x (got " + std::to_string(major) +
-                               ".x)");
+  bool ok = false, known = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto& r : g_checked)
+      if (r.first.first == dev && r.first.second == key) known = true, ok = r.second;
+  }
+  if (!known) {
+    cudaFuncAttributes attr{};
+    e = cudaFuncGetAttributes(&attr, key);
+    if (e != cudaSuccess) cudaGetLastError();
+    // A compute_80 PTX JIT-compiled for an sm_90 device would run the empty (trapping) body.
+    ok = e == cudaSuccess && attr.ptxVersion >= 90;
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_checked.push_back({{dev, key}, ok});
+  }
+  if (!ok)
+    return Status::Unsupported("device: this build has no sm_90a code for the prefill kernel; build with CUDA "
+                               "architecture 90a");
+  return Status::Ok();
+}
 
-  PrefillConfig cfg = cfg_in.token_tile ? cfg_in : default_prefill_config(a.m, a.w.n, sms);
-  int smem = 0;
-  const PrefillFn fn = select_kernel(a.w.format, a.act, cfg.token_tile, &smem);
-  if (!fn) return Status::Invalid("token_tile: must be 64, 128 or 256 (got " + std::to_string(cfg.token_tile) + ")");
-  if ((a.w.n + pk::kRowsPerCta - 1) / pk::kRowsPerCta * ((a.m + cfg.token_tile - 1) / cfg.token_tile) > INT32_MAX)
-    return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
-  FP4KIT_RETURN_IF_ERROR(prepare_kernel(dev, fn, smem));
+}  // namespace
 
+bool prefill_runs_here() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && check_image(select_kernel(Format::kNVFP4, DType::kBF16, 64).fn).ok();
+}
+
+Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
+  const int bn = 8 * cfg.n_tiles;
+  const PrefillKernel k = select_kernel(w.format, act, bn);
+  if (!k.fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no prefill kernel");
+  if (k.stages != cfg.stages || cfg.warps != 4 * pk::kConsumerWarpgroups || cfg.row_tiles != 1 ||
+      cfg.chunks != pk::kStageChunks)
+    return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its prefill kernel (" +
+                                       std::to_string(k.stages) + " stages)");
+  FP4KIT_RETURN_IF_ERROR(check_image(k.fn));
+  int per_sm = 0;  // also sets the kernel's dynamic shared memory attribute, once per device
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(k.fn), pk::kThreads, k.smem, nullptr, nullptr, &per_sm));
   PackedLayout l;
-  FP4KIT_RETURN_IF_ERROR(packed_layout(a.w.format, a.w.n, a.w.k, &l));
+  FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
+
+  DecodePlan p;
+  p.cfg = &cfg;
+  p.kernel = reinterpret_cast<const void*>(k.fn);
+  p.threads = pk::kThreads;
+  p.smem_bytes = k.smem;
+  p.layout = l;
+  p.m_block = m;  // one launch for all tokens
+  p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
+  p.token_tiles = int((m + bn - 1) / bn);
+  p.splits = int(std::min<int64_t>(prefill_splits(cfg, m, w.n, w.k, sms), l.k_macros));
+  p.units = int64_t(p.row_groups) * p.token_tiles;
+  if (p.units * p.splits > INT32_MAX) return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
+  p.grid = int(p.units * p.splits);
+  if (p.splits > 1) {
+    p.counters_bytes = counters_region(p.units);
+    p.partials_bytes = size_t(p.units) * p.splits * k.partial_floats * sizeof(float);
+  }
+  p.workspace_bytes = p.counters_bytes + p.partials_bytes;
+  *out = p;
+  return Status::Ok();
+}
+
+Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  const PackedLayout& l = plan.layout;
+  const int bn = 8 * plan.cfg->n_tiles;
 
   // ---- X as a TMA tensor: {K, m} elements, rows K*2 bytes apart, boxes of {64 K, BN tokens} with the
   // 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past K, past m) read as zero.
@@ -160,7 +162,7 @@ Status launch_prefill(const GemmArgs& a, const PrefillConfig& cfg_in, cudaStream
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(a.w.k), cuuint64_t(a.m)};
   const cuuint64_t strides[1] = {cuuint64_t(a.w.k) * 2};
-  const cuuint32_t box[2] = {64, cuuint32_t(cfg.token_tile)};
+  const cuuint32_t box[2] = {64, cuuint32_t(bn)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&map, a.act == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                             2, const_cast<void*>(a.x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -180,11 +182,16 @@ Status launch_prefill(const GemmArgs& a, const PrefillConfig& cfg_in, cudaStream
   p.row_tiles = int(l.row_tiles);
   p.k_chunks = int(l.k_chunks);
   p.k_macros = int(l.k_macros);
-  p.row_blocks = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
-  p.token_tiles = int((a.m + cfg.token_tile - 1) / cfg.token_tile);
+  p.row_blocks = plan.row_groups;
+  p.token_tiles = plan.token_tiles;
+  p.splits = plan.splits;
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
+  p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
 
-  fn<<<unsigned(int64_t(p.row_blocks) * p.token_tiles), pk::kThreads, smem, stream>>>(map, p);
-  e = cudaGetLastError();
+  const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
+  fn<<<unsigned(plan.grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
+  const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
   return Status::Ok();
 }

@@ -1,27 +1,29 @@
-// prefill.h: the Hopper prefill GEMM launcher (kernels/prefill_gemm_sm90.cuh), internal for now: the
-// dispatcher does not call it yet (first milestone of issue 5); tests and tools call it directly.
+// prefill.h: the Hopper prefill GEMM's host side (kernels/prefill_gemm_sm90.cuh): its part of the launch
+// plan and its launch. gemm() runs it when the chosen config is a kWgmma entry of the config table.
 #pragma once
 #include <cstdint>
 
+#include "configs.h"
 #include "fp4kit/gemm.h"
 #include "fp4kit/status.h"
+#include "gemm_internal.h"
 
 namespace fp4kit {
 namespace detail {
 
-struct PrefillConfig {
-  int token_tile = 0;  // BN: 64, 128 or 256 tokens per CTA; 0: pick (default_prefill_config)
-};
+// make_plan's prefill part, for the kWgmma entry `cfg`: kernel, block, shared memory, token tiles, K
+// splits (prefill_splits for the device's `sms`), grid and workspace (split K: arrival counters and the
+// partial tiles). Fails with kNotSupported when this build carries no sm_90a code for the kernel.
+Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* plan);
 
-// The token tile that fills the device best for m tokens over n rows: least CTA waves x per-CTA time
-// (modelled as BN + 300, fitted on the H200), ties to the larger tile.
-PrefillConfig default_prefill_config(int64_t m, int64_t n, int sms);
+// One launch of a planned prefill GEMM over all m tokens (a validated GemmArgs and its plan): X as a TMA
+// tensor map built on the host and passed by value, so graph capture works; no allocation, no host
+// synchronisation.
+Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream);
 
-// Y = X W^T (+ bias) with the prefill kernel, from the same GemmArgs as gemm() (workspace and config are
-// ignored: the kernel needs none). Needs a compute capability 9.0 device and a build with sm_90a code;
-// fails with kNotSupported otherwise. Asynchronous on `stream`; no allocation, no host synchronisation
-// (the X tensor map is built on the host and passed by value, so graph capture works).
-Status launch_prefill(const GemmArgs& a, const PrefillConfig& cfg, cudaStream_t stream);
+// Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
+// dispatcher falls back to the decode kernel where it does not.
+bool prefill_runs_here();
 
 }  // namespace detail
 }  // namespace fp4kit

@@ -1,7 +1,9 @@
 // tuning.cpp: the run-time tuning table (see fp4kit/tuning.h).
 #include "fp4kit/tuning.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -105,12 +107,16 @@ Status parse(const std::string& text, const std::string& origin, Table* out) {
     if (e.n < 1 || e.k < 1) return bad("n and k must be >= 1");
     if (e.k % group_size(e.format) != 0)
       return bad("k = " + std::to_string(e.k) + " is not a multiple of the " + first + " group size");
-    if (e.m_max < 1 || e.m_max > 64) return bad("m_max must be in [1, 64] (got " + std::to_string(e.m_max) + ")");
+    if (e.m_max < 1 || e.m_max > INT32_MAX)
+      return bad("m_max must be in [1, 2147483647] (got " + std::to_string(e.m_max) + ")");
     e.config = config_by_name(name);
     if (e.config < 0) return bad("'" + name + "' is not a config of this build's table");
-    if (8 * find_config(e.config)->n_tiles < e.m_max)
-      return bad("config " + name + " serves m <= " + std::to_string(8 * find_config(e.config)->n_tiles) +
-                 " per launch, not m_max = " + std::to_string(e.m_max));
+    // A decode config must cover its bucket in one launch (m_max > 64: the 64-token configs, which run
+    // larger m in 64-token blocks); a prefill config runs any m in one launch.
+    const KernelConfig& c = *find_config(e.config);
+    if (!is_prefill(c) && 8 * c.n_tiles < std::min<int64_t>(e.m_max, 64))
+      return bad("config " + name + " serves m <= " + std::to_string(8 * c.n_tiles) + " per launch, not m_max = " +
+                 std::to_string(e.m_max));
     t.entries.push_back(e);
   }
   if (!header) return Status::Invalid("tuning table " + origin + ": empty (must start with 'fp4kit-tuning 1')");
@@ -173,26 +179,37 @@ const char* kernel_config_name(int id) {
 }
 
 int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const std::string& device_name,
-                    std::string* why, int cc_major) {
+                    std::string* why, int cc_major, int sms) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     load_env_once();
     if (!g_table.entries.empty() && g_table.device == device_name) {
-      const int64_t mb = m > 64 ? 64 : m;
-      const Entry* best = nullptr;
-      for (const Entry& e : g_table.entries)
-        if (e.format == f && e.act == act && e.n == n && e.k == k && e.m_max >= mb &&
-            config_supported(*find_config(e.config), cc_major) && (!best || e.m_max < best->m_max))
-          best = &e;
+      // The bucket of m: the entry with the smallest m_max >= m.
+      const Entry *best = nullptr, *largest = nullptr;
+      for (const Entry& e : g_table.entries) {
+        if (e.format != f || e.act != act || e.n != n || e.k != k || !config_supported(*find_config(e.config), cc_major))
+          continue;
+        if (e.m_max >= m && (!best || e.m_max < best->m_max)) best = &e;
+        if (!largest || e.m_max > largest->m_max) largest = &e;
+      }
+      // Past the largest bucket: the analytic default, except where that is the decode kernel (no prefill
+      // kernel on this device, or m below its threshold) and the largest bucket is a decode config for
+      // m_max >= 64: it then runs m in 64-token blocks, as tables of m_max <= 64 always meant.
+      bool blocks = false;
+      if (!best && m > 64 && largest && largest->m_max >= 64 && !is_prefill(*find_config(largest->config)) &&
+          !is_prefill(*find_config(pick_config(m, n, k, nullptr, cc_major, sms)))) {
+        best = largest;
+        blocks = true;
+      }
       if (best) {
         if (why)
           *why = std::string("tuning table (") + g_table.device + "): " + find_config(best->config)->name +
-                 " for m <= " + std::to_string(best->m_max);
+                 " for m <= " + std::to_string(best->m_max) + (blocks ? ", in 64-token blocks above" : "");
         return best->config;
       }
     }
   }
-  return pick_config(m, n, k, why, cc_major);
+  return pick_config(m, n, k, why, cc_major, sms);
 }
 
 }  // namespace fp4kit

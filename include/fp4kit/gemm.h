@@ -5,9 +5,10 @@
 //   - x: [m, k] row-major, y: [m, n] row-major, both of dtype `act` (kBF16 or kF16), 16-byte aligned.
 //   - w: a PackedWeight written by prepack_* (16-byte aligned), k % group_size(format) == 0, any n, m >= 1.
 //   - bias: [n] of dtype `act`, or null.
-//   - workspace: gemm_workspace_bytes() bytes of device memory, zero-filled once before its first use
-//     (fp4kit leaves it zeroed after every call). One workspace per stream: calls that may run
-//     concurrently need their own. May be null when the query returns 0.
+//   - workspace: gemm_workspace_bytes() bytes of device memory, zero-filled once before its first use.
+//     Calls of any shape may share one (the largest they need): fp4kit keeps the arrival counters in
+//     its first 64 KiB and leaves them zeroed after every call; the rest is scratch. One workspace per
+//     stream: calls that may run concurrently need their own. May be null when the query returns 0.
 //   - No allocation, no host synchronisation: safe inside CUDA graph capture.
 //   - Every argument is validated before anything is launched; a failed Status names the argument and
 //     the rule.

@@ -9,8 +9,16 @@
 //   fp4kit-tuning 1
 //   device <device name as cudaGetDeviceProperties reports it>
 //   <format> <act> <n> <k> <m_max> <config name>      e.g.  nvfp4 bf16 8192 8192 16 m16_r2_w8_b2_c4x2
-// An entry serves every m with previous-bucket m_max < m <= m_max (m above 64 uses the m_max = 64 entry).
-// The environment variable FP4KIT_TUNING_TABLE names a table to load at the first GEMM.
+//                                                           nvfp4 bf16 8192 8192 4096 p256_w8_s3
+// An entry serves every m with previous-bucket m_max < m <= m_max; m_max is in [1, 2^31 - 1]. A decode
+// config must cover its bucket in one launch (8 * n_tiles >= m_max; for m_max > 64 the 64-token configs,
+// which run larger m in 64-token blocks); a prefill config (Hopper, any m in one launch) may serve any
+// bucket. Above a shape's largest m_max the analytic default applies, except where that default is the
+// decode kernel (devices without the prefill kernel, or m below its threshold) and the largest entry is a
+// decode config with m_max >= 64: that entry then serves m in 64-token blocks (what tables written for
+// m <= 64 always meant).
+// The environment variable FP4KIT_TUNING_TABLE names a table to load at the first GEMM; a missing file
+// there means the analytic default.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,10 +36,10 @@ Status load_tuning_table_text(const std::string& text, const std::string& origin
 void clear_tuning_table();
 
 // The config the dispatcher picks for this problem on a device named `device_name` of compute capability
-// major `cc_major`, and why (the tuning-table entry or the analytic rule; only configs the device runs).
-// Needs no GPU.
+// major `cc_major` with `sms` SMs (0: 132, an H100 SXM / H200), and why (the tuning-table entry or the
+// analytic rule; only configs the device runs). Needs no GPU.
 int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const std::string& device_name,
-                    std::string* why = nullptr, int cc_major = 9);
+                    std::string* why = nullptr, int cc_major = 9, int sms = 0);
 
 // The name of a kernel config id (from dispatch_config), or "unknown".
 const char* kernel_config_name(int id);

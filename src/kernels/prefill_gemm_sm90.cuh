@@ -1,15 +1,20 @@
-// prefill_gemm_sm90.cuh: FP4 x BF16/FP16 GEMM for prefill (m >= 32, compute-bound) on Hopper: wgmma with
+// prefill_gemm_sm90.cuh: FP4 x BF16/FP16 GEMM for prefill (large m, compute-bound) on Hopper: wgmma with
 // the dequantised weights as the register-sourced A operand, read from the decode kernel's prepacked layout.
 //
 // Contract
 //   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h; the same buffer the decode kernel
 //   reads, no second prepack), X/Y row-major in T (bf16/half), fp32 accumulation, the per-row fp32
 //   out_scale and the bias applied in fp32 before the cast (exactly the decode kernel's epilogue math).
-//   One CTA computes 128 weight rows x BN tokens over the whole K (no split-K): deterministic, no workspace.
-//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) (1-D, see cta_tile), kThreads threads, Geometry<BN>::kSmem bytes of
-//   dynamic shared memory, X described by a 2-D tensor map {K, m} of T, box {64, BN}, 128-byte swizzle, zero
-//   out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n and tokens >= m are never
-//   written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
+//   One CTA computes 128 weight rows x BN tokens over its share of K: the whole K (splits = 1: no
+//   workspace), or split z of `splits` (a contiguous range of 512-K slices): each split stores its fp32
+//   partial tile in the workspace, and the last of the tile's splits to arrive (arrival counter) sums the
+//   partials in split order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is
+//   bitwise the same whatever the arrival order (deterministic).
+//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) * splits (1-D, see cta_tile), kThreads threads,
+//   Geometry<BN>::kSmem bytes of dynamic shared memory, X described by a 2-D tensor map {K, m} of T, box
+//   {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n
+//   and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
+//   traps.
 //
 // Why it is shaped this way
 //   Past m ~ 32 the GEMM is compute-bound, so the tensor cores must be fed by wgmma (mma.sync reaches
@@ -58,10 +63,12 @@ namespace prefill {
 
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kThreads = 128 * (kConsumerWarpgroups + 1);  // + the producer warpgroup
+constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 constexpr int kRowTilesPerCta = 4 * kConsumerWarpgroups;   // one 16-row tile per consumer warp
 constexpr int kRowsPerCta = 16 * kRowTilesPerCta;
 constexpr int kStageChunks = 2;                            // 64-K chunks per stage
 constexpr int kStageK = kStageChunks * layout::kChunkK;
+constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;  // stages per 512-K slice
 constexpr int kRecordBytes = 32 * 16;                      // one row tile's records for one chunk
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;     // 2 * 232 + 40 == 3 * 168 (launch bound)
 static_assert(kConsumerWarpgroups * kConsumerRegs + kProducerRegs == 3 * 168, "setmaxnreg budget");
@@ -78,6 +85,7 @@ template <int BN> struct Geometry {
   static constexpr int kStages = kFit > 8 ? 8 : kFit;
   static constexpr int kSmem = kStages * kStage + 1024;  // + slack to align the ring to 1024 B
   static constexpr int kAcc = BN / 2;                     // fp32 accumulators per thread (m64nBN)
+  static constexpr int kPartialFloats = kAcc * kConsumerThreads;  // one split's partial tile (128 x BN)
   static_assert(kStages >= 2 && kSmem <= 227 * 1024 - 256, "ring does not fit");
 };
 
@@ -89,17 +97,23 @@ struct PrefillParams {
   const float* out_scale;  // [n_pad]
   int m, n;
   int row_tiles, k_chunks, k_macros;
-  int row_blocks, token_tiles;  // of 128 rows, of BN tokens: the grid is row_blocks * token_tiles CTAs
+  int row_blocks, token_tiles;  // of 128 rows, of BN tokens
+  int splits;                   // K splits per tile: the grid is row_blocks * token_tiles * splits CTAs
+  int* counters;                // splits > 1: [row_blocks * token_tiles] arrival counters, zero between calls
+  float* partials;              // splits > 1: [tile][split][kAcc / 4][kConsumerThreads] float4 partial tiles
 };
 
 // CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
 // tiles fastest, then the row blocks, so a wave of ~132 CTAs touches ~33 row blocks' weights and 4 X
 // tiles (~16 MB + ~17 MB for K = 8192) that stay in L2, instead of 132 row blocks' weights (66 MB, more
-// than L2) that all token tiles would re-read from DRAM in row-block-major order.
+// than L2) that all token tiles would re-read from DRAM in row-block-major order. The K splits of a tile
+// are consecutive CTAs (they run in the same wave, so the last to arrive waits for no other wave).
 constexpr int kRasterTokenTiles = 4;
-__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile) {
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split) {
+  split = blockIdx.x % p.splits;
+  const int b = blockIdx.x / p.splits;
   const int per_group = p.row_blocks * kRasterTokenTiles;
-  const int grp = blockIdx.x / per_group, rem = blockIdx.x % per_group;
+  const int grp = b / per_group, rem = b % per_group;
   const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
   token_tile = grp * kRasterTokenTiles + rem % tiles;
   row_block = rem / tiles;
@@ -159,6 +173,10 @@ template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
 }
 template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+// Barrier over the consumer warpgroups only (the producer warpgroup has exited by then).
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -367,11 +385,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int S = G::kStages;
   extern __shared__ uint8_t prefill_smem[];
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+  __shared__ int s_last;  // split K: this CTA is the tile's last split to arrive
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
-  int row_block, token_tile;
-  cta_tile(p, row_block, token_tile);
+  int row_block, token_tile, split;
+  cta_tile(p, row_block, token_tile, split);
+  // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
+  // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
+  const int j_begin = int(int64_t(p.k_macros) * split / p.splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / p.splits);
+  const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -393,9 +417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
     const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
     const uint8_t* src = p.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
-    for (int s = 0; s < n_stages; ++s) {
-      const int slot = s % S;
-      mbar_wait(smem_u32(&empty_bar[slot]), ((s / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+    for (int s = s_begin; s < s_end; ++s) {
+      const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
+      mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
       const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
       if (lane == 0) {
@@ -425,20 +449,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
   Scales<F, T> sc;
-  if (rt_ok) rec.load(p.scales, int64_t(rt) * p.k_macros * 32 + lane, pol);
+  if (rt_ok) rec.load(p.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
 
   // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
   // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
-  for (int j = 0; j < p.k_macros; ++j) {
+  for (int j = j_begin; j < j_end; ++j) {
     sc.decode(rec.v);
-    if (rt_ok && j + 1 < p.k_macros) rec.load(p.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+    if (rt_ok && j + 1 < j_end) rec.load(p.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
 #pragma unroll
-    for (int q = 0; q < layout::kChunksPerMacro / kStageChunks; ++q) {
-      const int s = j * (layout::kChunksPerMacro / kStageChunks) + q;
+    for (int q = 0; q < kStagesPerSlice; ++q) {
+      const int s = j * kStagesPerSlice + q;
       if (s >= n_stages) break;  // uniform: only the last slice may be short
-      const int slot = s % S;
-      mbar_wait(smem_u32(&full_bar[slot]), (s / S) & 1);
+      const int r = s - s_begin, slot = r % S;
+      mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
       const uint32_t st = ring + slot * G::kStage;
       const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
       const uint64_t desc0 = sw128_desc(st);
@@ -464,16 +488,63 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         fence_acc(acc);
         wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
-        if (i == 0 && s > 0) {
+        if (i == 0 && r > 0) {
           // That group was stage s-1's last: hand its slot back to the producer.
           __syncwarp();
-          if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(s - 1) % S]));
+          if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
         }
       }
     }
   }
   wgmma_wait<0>();
   fence_acc(acc);
+
+  // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
+  // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
+  // is past the matrix store and load nothing but take part in the barriers.
+  if (p.splits > 1) {
+    constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
+    const int ct = threadIdx.x;        // consumer thread 0 .. kConsumerThreads - 1
+    const int64_t tile = int64_t(row_block) * p.token_tiles + token_tile;
+    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * p.splits * (G::kPartialFloats / 4);
+    if (rt_ok) {
+      float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * p.splits + split) * (G::kPartialFloats / 4);
+#pragma unroll
+      for (int v = 0; v < kVec; ++v)
+        __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+    }
+    consumer_sync();
+    if (ct == 0) {
+      __threadfence();
+      const bool last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
+      if (last) __threadfence();
+      s_last = last;
+    }
+    consumer_sync();
+    if (!s_last) return;
+#pragma unroll
+    for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+    if (rt_ok) {
+      constexpr int kBatch = 8;  // float4 loads in flight per thread
+      static_assert(kVec % kBatch == 0, "partial tile in whole batches");
+#pragma unroll
+      for (int v0 = 0; v0 < kVec; v0 += kBatch)
+        for (int z = 0; z < p.splits; ++z) {
+          const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
+          float4 x[kBatch];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) x[b] = __ldcg(src + (v0 + b) * kConsumerThreads);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            acc[4 * (v0 + b)] += x[b].x;
+            acc[4 * (v0 + b) + 1] += x[b].y;
+            acc[4 * (v0 + b) + 2] += x[b].z;
+            acc[4 * (v0 + b) + 3] += x[b].w;
+          }
+        }
+    }
+    if (ct == 0) p.counters[tile] = 0;  // leave the workspace as we found it
+  }
 
   // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
   // token 8j + 2t + e of the CTA's token tile.
@@ -497,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
   }
 #else
-  __trap();  // built for another architecture: launch_prefill never launches this
+  __trap();  // built for another architecture: the plan never launches this
 #endif
 }
 

@@ -1,5 +1,7 @@
-// test_tuning.cpp: run-time tuning tables: loading (file, text, FP4KIT_TUNING_TABLE), lookups by device,
-// shape and m bucket, the analytic fallback, and every malformed-table rule with its line number.
+// test_tuning.cpp: run-time tuning tables: loading (file, text, FP4KIT_TUNING_TABLE, a missing file),
+// lookups by device, shape and m bucket (decode and prefill entries, m beyond 64), the analytic fallback,
+// every malformed-table rule with its line number, and the analytic default itself (decode below the
+// prefill threshold, prefill from it on Hopper, decode for every m on Ampere).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -49,7 +51,14 @@ TEST(lookup_by_device_shape_and_bucket) {
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 2, 8192, 8192, kDev), id_of("m16_r1_w8_b3_c4x2"));
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 16, 8192, 8192, kDev), id_of("m16_r1_w8_b3_c4x2"));
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 17, 8192, 8192, kDev), pick_config(17, 8192, 8192));
-  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev), id_of("m64_r2_w8_b1_c8x1"));
+  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 64, 8192, 8192, kDev), id_of("m64_r2_w8_b1_c8x1"));
+  // Past the largest bucket (64, a decode entry): on Hopper the analytic default, which is the prefill
+  // kernel there; on Ampere the m_max = 64 entry in 64-token blocks (what such tables always meant).
+  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev), pick_config(500, 8192, 8192));
+  CHECK(is_prefill(*find_config(pick_config(500, 8192, 8192))));
+  std::string why_blocks;
+  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev, &why_blocks, 8), id_of("m64_r2_w8_b1_c8x1"));
+  CHECK(why_blocks.find("in 64-token blocks above") != std::string::npos);
   // Another device, dtype, format or shape: the analytic default.
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 16, 8192, 8192, "NVIDIA H100 80GB HBM3"), heur16);
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kF16, 16, 8192, 8192, kDev), heur16);
@@ -75,8 +84,14 @@ TEST(malformed_tables_are_rejected_with_line_numbers) {
               "line 3: an entry is '<format> <act> <n> <k> <m_max> <config>'");
   CHECK_ERROR(load_tuning_table_text(table("mxfp4 bf16 64 48 1 m8_r1_w8_b3_c8x1\n"), "t"),
               "line 3: k = 48 is not a multiple of the mxfp4 group size");
-  CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 65 m64_r2_w8_b1_c8x1\n"), "t"),
-              "line 3: m_max must be in [1, 64] (got 65)");
+  CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 0 m64_r2_w8_b1_c8x1\n"), "t"),
+              "line 3: m_max must be in [1, 2147483647] (got 0)");
+  CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 2147483648 p256_w8_s3\n"), "t"),
+              "line 3: m_max must be in [1, 2147483647] (got 2147483648)");
+  CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 128 m16_r1_w8_b3_c4x2\n"), "t"),
+              "line 3: config m16_r1_w8_b3_c4x2 serves m <= 16 per launch, not m_max = 128");
+  CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 4 p256_w8_s3 # ok\nnvfp4 bf16 64 64 4 p512\n"), "t"),
+              "t, line 4: 'p512' is not a config of this build's table");
   CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 4 m8_fastest\n"), "t"),
               "line 3: 'm8_fastest' is not a config of this build's table");
   CHECK_ERROR(load_tuning_table_text(table("nvfp4 bf16 64 64 32 m16_r1_w8_b3_c4x2\n"), "t"),
@@ -91,6 +106,48 @@ TEST(malformed_tables_are_rejected_with_line_numbers) {
   clear_tuning_table();
 }
 
+// Prefill entries past m = 64 (any m_max), decode entries for m_max > 64 when they run 64-token blocks,
+// and the Hopper-only prefill entries skipped on other devices.
+TEST(prefill_entries_and_large_buckets) {
+  CHECK_OK(load_tuning_table_text(table("nvfp4 bf16 8192 8192 64 m64_r2_w8_b1_c8x1\n"
+                                        "nvfp4 bf16 8192 8192 1024 p128_w8_s5_k8\n"
+                                        "nvfp4 bf16 8192 8192 16384 p256_w8_s3\n"
+                                        "nvfp4 bf16 4096 4096 1 p64_w8_s8   # a prefill config for m = 1\n"
+                                        "nvfp4 bf16 4096 4096 256 m64_r2_w8_b1_c4x2\n"),
+                                  "prefill"));
+  auto d = [](int64_t m, int64_t n, int cc = 9, std::string* why = nullptr) {
+    return dispatch_config(Format::kNVFP4, DType::kBF16, m, n, n, kDev, why, cc);
+  };
+  CHECK_EQ(d(64, 8192), id_of("m64_r2_w8_b1_c8x1"));
+  CHECK_EQ(d(65, 8192), id_of("p128_w8_s5_k8"));
+  CHECK_EQ(d(1024, 8192), id_of("p128_w8_s5_k8"));
+  CHECK_EQ(d(1025, 8192), id_of("p256_w8_s3"));
+  CHECK_EQ(d(16384, 8192), id_of("p256_w8_s3"));
+  CHECK_EQ(d(16385, 8192), pick_config(16385, 8192, 8192));  // past the largest bucket: analytic
+  std::string why;
+  CHECK_EQ(d(1, 4096, 9, &why), id_of("p64_w8_s8"));
+  CHECK(why.find("p64_w8_s8 for m <= 1") != std::string::npos);
+  CHECK_EQ(d(200, 4096), id_of("m64_r2_w8_b1_c4x2"));
+  CHECK_EQ(d(257, 4096), pick_config(257, 4096, 4096));
+  // Ampere: prefill entries are skipped, the decode entries serve (64-token blocks past the largest).
+  CHECK_EQ(d(1, 4096, 8), id_of("m64_r2_w8_b1_c4x2"));
+  CHECK_EQ(d(1000, 8192, 8), id_of("m64_r2_w8_b1_c8x1"));
+  CHECK_EQ(d(5000, 4096, 8), id_of("m64_r2_w8_b1_c4x2"));
+  clear_tuning_table();
+}
+
+// A missing table file named by FP4KIT_TUNING_TABLE means the analytic default. ctest runs this case
+// alone (test_tuning_env_missing) with the variable set to a missing path, read at the first dispatch;
+// in the whole-binary run the variable is unset and no table is loaded.
+TEST(missing_table_file) {
+  if (!std::getenv("FP4KIT_TUNING_TABLE")) clear_tuning_table();
+  for (int64_t m : {1, 16, 64, 65, 4096}) {
+    std::string why, why_pick;
+    CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, m, 8192, 8192, kDev, &why), pick_config(m, 8192, 8192, &why_pick));
+    CHECK_EQ(why, why_pick);
+  }
+}
+
 TEST_MAIN()
 
 TEST(analytic_default_rule) {
@@ -100,8 +157,58 @@ TEST(analytic_default_rule) {
   CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c4x2"));   // 2^27.8 weights
   CHECK_EQ(pick_config(16, 57344, 8192), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
   CHECK_EQ(pick_config(64, 100, 64), id_of("m64_r2_w8_b1_c4x2"));
-  CHECK_EQ(pick_config(1000, 100, 64), id_of("m64_r2_w8_b1_c4x2"));   // 64-token blocks
+  CHECK_EQ(pick_config(1000, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c4x2"));   // Ampere: 64-token blocks
   std::string why;
   pick_config(16, 57344, 8192, &why);
   CHECK(why.find("most row tiles per warp") != std::string::npos);
+}
+
+TEST(analytic_default_prefill) {
+  // Hopper: the decode kernel up to m = 64, the prefill kernel from kPrefillMinM on; Ampere: never.
+  CHECK_EQ(kPrefillMinM, 65);
+  for (int64_t m : {1, 17, 64, 65, 128, 1000, 16384})
+    for (int64_t n : {128, 8192, 57344}) {
+      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM);
+      CHECK(!is_prefill(*find_config(pick_config(m, n, 8192, nullptr, 8))));
+      CHECK(config_supported(*find_config(pick_config(m, n, 8192, nullptr, 8)), 8));
+    }
+  std::string why;
+  pick_config(256, 8192, 8192, &why);
+  CHECK(why.find("prefill kernel from m >= 65") != std::string::npos);
+  // Llama-3.3-70B layers on 132 SMs: m = 256 leaves SMs idle on the 8192- and 10240-row layers, so K is
+  // split (2 and 3 ways with 256-token tiles); gate_up (448 row blocks) and every layer at m >= 512 fill
+  // the device with whole-K 256-token tiles; m = 128 takes 128-token tiles.
+  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  CHECK_EQ(pick_config(256, 8192, 28672, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  CHECK_EQ(pick_config(256, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+  CHECK_EQ(pick_config(128, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
+  for (int64_t m : {512, 1024, 4096, 16384}) {
+    CHECK_EQ(pick_config(m, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+    CHECK_EQ(pick_config(m, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+  }
+}
+
+TEST(prefill_splits_rule) {
+  const KernelConfig& k8 = *find_config(id_of("p256_w8_s3_k8"));
+  const KernelConfig& whole = *find_config(id_of("p256_w8_s3"));
+  CHECK_EQ(prefill_tiles(k8, 256, 8192), 64);
+  CHECK_EQ(prefill_tiles(k8, 257, 8192 + 1), 65 * 2);
+  CHECK_EQ(prefill_splits(k8, 256, 8192, 8192, 132), 2);     // 64 tiles: 128 CTAs, one wave
+  CHECK_EQ(prefill_splits(k8, 256, 10240, 8192, 132), 3);    // 80 tiles: 240 CTAs, 6 of 16 slices each
+  CHECK_EQ(prefill_splits(k8, 512, 10240, 8192, 132), 1);    // 160 tiles fill 132 SMs
+  CHECK_EQ(prefill_splits(whole, 256, 8192, 8192, 132), 1);  // max_splits 1
+  CHECK_EQ(prefill_splits(k8, 1, 128, 512, 132), 1);         // one 512-K slice: nothing to split
+  CHECK_EQ(prefill_splits(k8, 1, 128, 8192, 132), 8);        // one tile: up to max_splits
+  for (int64_t m : {1, 64, 256, 1000})
+    for (int64_t k : {512, 2880, 8192, 28672}) {
+      const int s = prefill_splits(k8, m, 8192, k, 132);
+      CHECK(s >= 1 && s <= 8 && s <= (k + 511) / 512);
+      CHECK(s == 1 || prefill_tiles(k8, m, 8192) * s <= 2 * 132);
+    }
+  // Config support: the prefill kernel and the bulk pipeline need Hopper.
+  CHECK(config_supported(k8, 9));
+  CHECK(!config_supported(k8, 8));
+  CHECK(!config_supported(*find_config(id_of("m64_bulk_w8_s2_b1")), 8));
+  CHECK(config_supported(*find_config(id_of("m64_r2_w8_b1_c4x2")), 8));
 }
