@@ -1,20 +1,26 @@
-// test_gemm_gpu.cu: the decode GEMM against the spec-level oracle (dequantize with formats.h, fp64 GEMM).
+// test_gemm_gpu.cu: gemm() against the spec-level oracle (dequantize with formats.h, fp64 GEMM), for
+// every config of the table: the decode kernels and, on a Hopper device, the prefill kernel.
 //
-// Fresh random data each run (seed printed), NaN-poisoned outputs, shapes that miss every tile, every
-// config of the table, both formats and both activation dtypes, bias, grid-exact inputs (bit-exact),
-// special scales (-0 codes, subnormal/negative E4M3, E8M0 0 and 255, E4M3 NaN), determinism, the
-// GPU prepack against the CPU prepack, and the errors only a device can check.
+// Fresh random data each run (seed printed), NaN-poisoned outputs with a guard region past Y, shapes that
+// miss every tile, every config of the table, both formats and both activation dtypes, bias, grid-exact
+// inputs (bit-exact; for the prefill kernel also the check of its one layout assumption, the wgmma
+// register-A fragment, and of the split-K sum), special scales (-0 codes, subnormal/negative E4M3, E8M0 0
+// and 255, E4M3 NaN), determinism, the GPU prepack against the CPU prepack, dispatch, and the errors only
+// a device can check. Large outputs are checked on sampled tokens (tile edges and random ones).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "configs.h"
 #include "fp4kit/gemm.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/tuning.h"
 #include "gemm_internal.h"
 #include "gemm_test_util.h"
 #include "testing.h"
@@ -26,6 +32,35 @@ namespace {
 
 // FP4KIT_TEST_QUICK=1 (sanitizer runs) keeps one m per case family.
 bool quick() { return std::getenv("FP4KIT_TEST_QUICK") != nullptr; }
+
+int device_major() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
+
+// The table's entries of one kernel (prefill: kWgmma) that this device runs; the others are skipped
+// visibly.
+std::vector<const KernelConfig*> configs_of(bool prefill) {
+  int count = 0;
+  const KernelConfig* cfgs = kernel_configs(&count);
+  std::vector<const KernelConfig*> out;
+  const int major = device_major();
+  for (int ci = 0; ci < count; ++ci) {
+    if (is_prefill(cfgs[ci]) != prefill) continue;
+    if (config_supported(cfgs[ci], major)) out.push_back(&cfgs[ci]);
+    else std::printf("  [skip] config %s: needs compute capability 9.x, this device is %d.x\n", cfgs[ci].name, major);
+  }
+  return out;
+}
+int config_id(const char* name) {
+  int count = 0;
+  const KernelConfig* cfgs = kernel_configs(&count);
+  for (int ci = 0; ci < count; ++ci)
+    if (std::string(cfgs[ci].name) == name) return cfgs[ci].id;
+  return -2;
+}
 
 using fp4test::rng;
 
@@ -94,9 +129,13 @@ void prepack_both(const CkptWeight& w, DeviceWeight& dw, const std::vector<float
 struct RunOut {
   std::vector<float> y;  // [m, n] as float
   std::vector<uint16_t> bits;
+  bool ok = false;       // the call and the kernel succeeded
 };
 
-// Runs the GEMM with a poisoned output; returns the result.
+constexpr int64_t kGuard = 4096;  // elements past Y that must stay poisoned
+
+// Runs the GEMM with a poisoned output (0xFFFF: NaN in bf16 and fp16) and a poisoned guard region after
+// it; returns the result.
 RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vector<float>* bias, int64_t m,
            bool bf16, int config) {
   const int64_t n = dw.pw.n, k = dw.pw.k;
@@ -106,8 +145,9 @@ RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vecto
   uint16_t* dx = to_device(xb);
   uint16_t* db = bias ? to_device(bb) : nullptr;
   uint16_t* dy = nullptr;
-  CUDA_OK(cudaMalloc(&dy, size_t(m * n) * 2));
-  CUDA_OK(cudaMemset(dy, 0xFF, size_t(m * n) * 2));  // NaN in both bf16 and fp16
+  const size_t ny = size_t(m * n) + kGuard;
+  CUDA_OK(cudaMalloc(&dy, ny * 2));
+  CUDA_OK(cudaMemset(dy, 0xFF, ny * 2));
   const DType act = bf16 ? DType::kBF16 : DType::kF16;
   size_t ws_bytes = 0;
   CHECK_OK(gemm_workspace_bytes(m, dw.pw, act, &ws_bytes, config));
@@ -126,11 +166,18 @@ RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vecto
   a.workspace = ws;
   a.workspace_bytes = ws_bytes;
   a.config = config;
-  CHECK_OK(gemm(a, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
+  const Status st = gemm(a, nullptr);
+  CHECK_MSG(st.ok(), st.message());
+  const cudaError_t e = cudaDeviceSynchronize();
+  CHECK_MSG(e == cudaSuccess, "gemm kernel (config " << config << "): " << cudaGetErrorString(e));
   RunOut out;
+  out.ok = st.ok() && e == cudaSuccess;
+  out.bits.resize(ny);
+  CUDA_OK(cudaMemcpy(out.bits.data(), dy, ny * 2, cudaMemcpyDeviceToHost));
+  int64_t guard_bad = 0;
+  for (size_t i = size_t(m * n); i < ny; ++i) guard_bad += out.bits[i] != 0xFFFF;
+  CHECK_MSG(guard_bad == 0, guard_bad << " elements written past Y (m=" << m << " n=" << n << " cfg=" << config << ")");
   out.bits.resize(size_t(m * n));
-  CUDA_OK(cudaMemcpy(out.bits.data(), dy, out.bits.size() * 2, cudaMemcpyDeviceToHost));
   out.y.resize(out.bits.size());
   for (size_t i = 0; i < out.y.size(); ++i) out.y[i] = fp4test::from_bits(out.bits[i], bf16);
   if (ws) {  // the arrival counters must come back zeroed
@@ -157,8 +204,50 @@ std::vector<float> random_x(int64_t m, int64_t k, bool bf16) {
   return x;
 }
 
-void check_case(Format f, int64_t m, int64_t n, int64_t k, bool bf16, int config, bool with_bias) {
-  CkptWeight w = fp4test::random_weight(f, n, k, rng());
+// The tokens the oracle checks: all when m * n * k is small, else the tile edges plus random ones.
+std::vector<int64_t> sample_tokens(int64_t m, int64_t n, int64_t k) {
+  std::vector<int64_t> t;
+  if (m * n * k <= int64_t(1) << 31 || m <= 64) {
+    for (int64_t i = 0; i < m; ++i) t.push_back(i);
+    return t;
+  }
+  for (int64_t e : {0, 1, 7, 8, 63, 64, 127, 128, 255, 256, 511, 512})
+    if (e < m) t.push_back(e);
+  t.push_back(m - 1);
+  t.push_back(m - 2);
+  std::uniform_int_distribution<int64_t> ud(0, m - 1);
+  while (t.size() < 48) t.push_back(ud(rng()));
+  std::sort(t.begin(), t.end());
+  t.erase(std::unique(t.begin(), t.end()), t.end());
+  return t;
+}
+
+// fp64 oracle for the listed tokens x all rows, spread over the host's cores.
+std::vector<double> reference_rows(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias,
+                                   const std::vector<int64_t>& toks, int64_t n, int64_t k) {
+  std::vector<double> y(toks.size() * size_t(n));
+  const int nt = int(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> th;
+  for (int p = 0; p < nt; ++p)
+    th.emplace_back([&, p] {
+      for (int64_t r = p; r < n; r += nt)
+        for (size_t ti = 0; ti < toks.size(); ++ti) {
+          const float* xr = &x[size_t(toks[ti] * k)];
+          const float* wr = &w[size_t(r * k)];
+          double s = bias ? double((*bias)[size_t(r)]) : 0.0;
+          for (int64_t c = 0; c < k; ++c) s += double(xr[c]) * double(wr[c]);
+          y[ti * size_t(n) + size_t(r)] = s;
+        }
+    });
+  for (auto& t : th) t.join();
+  return y;
+}
+
+// Runs one case and checks it against the oracle (every output must be written: the poison is NaN);
+// returns the output bits (for determinism checks).
+std::vector<uint16_t> check_case(Format f, int64_t m, int64_t n, int64_t k, bool bf16, int config, bool with_bias,
+                                 const CkptWeight* given = nullptr) {
+  CkptWeight w = given ? *given : fp4test::random_weight(f, n, k, rng());
   DeviceWeight dw;
   prepack_both(w, dw);
   const auto x = random_x(m, k, bf16);
@@ -167,38 +256,210 @@ void check_case(Format f, int64_t m, int64_t n, int64_t k, bool bf16, int config
     std::uniform_real_distribution<float> ud(-2, 2);
     for (int64_t i = 0; i < n; ++i) bias.push_back(fp4test::from_bits(fp4test::to_bits(ud(rng()), bf16), bf16));
   }
-  const auto ref = fp4test::reference(x, fp4test::dequant(w), with_bias ? &bias : nullptr, m, n, k);
   const auto got = run(dw, x, with_bias ? &bias : nullptr, m, bf16, config);
-  const auto c = fp4test::compare(ref, got.y);
+  if (!got.ok) return {};
+  int64_t nonfinite_all = 0;
+  for (float v : got.y) nonfinite_all += !std::isfinite(v);
+  const auto toks = sample_tokens(m, n, k);
+  const auto ref = reference_rows(x, fp4test::dequant(w), with_bias ? &bias : nullptr, toks, n, k);
+  std::vector<float> sel(ref.size());
+  for (size_t ti = 0; ti < toks.size(); ++ti)
+    std::memcpy(&sel[ti * size_t(n)], &got.y[size_t(toks[ti] * n)], size_t(n) * sizeof(float));
+  const auto c = fp4test::compare(ref, sel);
   const double tol = bf16 ? 1e-2 : 2e-3;
-  CHECK_MSG(c.nonfinite == 0 && c.rel_l2 < tol && c.cosine > 0.999,
-            format_name(f) << (bf16 ? " bf16" : " fp16") << " m=" << m << " n=" << n << " k=" << k << " cfg=" << config
-                           << " bias=" << with_bias << ": rel_l2=" << c.rel_l2 << " cos=" << c.cosine
-                           << " nonfinite=" << c.nonfinite);
+  CHECK_MSG(nonfinite_all == 0 && c.rel_l2 < tol && c.cosine > 0.999,
+            format_name(f) << (bf16 ? " bf16" : " fp16") << " m=" << m << " n=" << n << " k=" << k << " cfg="
+                           << kernel_config_name(config) << " bias=" << with_bias << ": rel_l2=" << c.rel_l2
+                           << " cos=" << c.cosine << " nonfinite=" << nonfinite_all << " (tokens checked "
+                           << toks.size() << ")");
+  return got.bits;
+}
+
+// The launch plan gemm() makes for this problem on this device.
+detail::DecodePlan plan_of(int64_t m, Format f, int64_t n, int64_t k, int config) {
+  detail::DecodePlan plan;
+  CHECK_OK(detail::make_plan(m, PackedWeight{f, n, k, nullptr}, DType::kBF16, config, &plan));
+  return plan;
+}
+
+// Grid-exact inputs: codes on the E2M1 grid with power-of-two scales and small-integer activations make
+// every product and partial sum exact in fp32, so the output must equal the rounded reference bit for
+// bit; returns the number of outputs that differ (-1: the call failed).
+int64_t grid_exact_diff(Format f, int64_t m, int64_t n, int64_t k, bool bf16, int config) {
+  CkptWeight w = fp4test::random_weight(f, n, k, rng(), fp4test::ScaleMode::kPow2);
+  DeviceWeight dw;
+  prepack_both(w, dw);
+  std::vector<float> x(size_t(m * k));
+  std::uniform_int_distribution<int> small(-3, 3);
+  for (auto& v : x) v = float(small(rng()));
+  const auto ref = fp4test::reference(x, fp4test::dequant(w), nullptr, m, n, k);
+  const auto got = run(dw, x, nullptr, m, bf16, config);
+  if (!got.ok) return -1;
+  int64_t diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) diff += got.bits[i] != fp4test::to_bits(float(ref[i]), bf16);
+  return diff;
+}
+
+// One weight row r0, one K k0 set to exactly 1 (all else 0), X[tok][k] = k + 1: Y[0][r] is k0 + 1 at
+// r = r0 and 0 elsewhere. Prints where the value landed when it did not (prefill fragment diagnosis).
+bool probe_one_hot(int64_t r0, int64_t k0, int64_t n, int64_t k, int config) {
+  CkptWeight w{Format::kNVFP4, n, k, std::vector<uint8_t>(size_t(n * k / 2), 0),
+               std::vector<uint8_t>(size_t(n * k / 16), 0x38), 1.0f};  // scales 1.0, codes +0
+  w.packed[size_t(r0 * (k / 2) + k0 / 2)] = uint8_t(k0 % 2 ? 0x20 : 0x02);  // E2M1 code 2 = 1.0
+  DeviceWeight dw;
+  prepack_both(w, dw);
+  const int64_t m = 8;
+  std::vector<float> x(size_t(m * k));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < k; ++c) x[size_t(i * k + c)] = float(c + 1);
+  const RunOut got = run(dw, x, nullptr, m, true, config);
+  bool ok = got.ok;
+  std::string where;
+  for (int64_t r = 0; r < n && got.ok; ++r) {
+    const float v = got.y[size_t(r)];
+    const float want = r == r0 ? float(k0 + 1) : 0.0f;
+    if (v != want) {
+      ok = false;
+      if (v != 0.0f && where.size() < 300)
+        where += " row " + std::to_string(r) + " got " + std::to_string(v) + " (= X k " + std::to_string(int(v) - 1) + ")";
+    }
+  }
+  if (!ok)
+    std::printf("  probe W[%lld][%lld] = 1: expected Y[0][%lld] = %lld;%s\n", (long long)r0, (long long)k0,
+                (long long)r0, (long long)(k0 + 1), where.empty() ? " nothing nonzero arrived" : where.c_str());
+  return ok;
 }
 
 }  // namespace
 
-// Every config, every m the issue names, shapes off every tile; both formats and dtypes.
+// Every decode config, every m it serves in one launch, shapes off every tile; both formats and dtypes.
 TEST(gemm_matches_reference_all_configs) {
-  int count = 0;
-  const KernelConfig* cfgs = kernel_configs(&count);
   std::vector<int64_t> ms = {1, 2, 3, 7, 16, 17, 33, 63, 64};
   if (quick()) ms = {3, 17};
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  for (int ci = 0; ci < count; ++ci) {
-    if (!config_supported(cfgs[ci], major)) {
-      std::printf("  [skip] config %s: needs compute capability 9.x, this device is %d.x\n", cfgs[ci].name, major);
-      continue;
-    }
+  for (const KernelConfig* cfg : configs_of(false))
     for (int64_t m : ms)
       for (Format f : {Format::kNVFP4, Format::kMXFP4})
         for (bool bf16 : {true, false}) {
           const int64_t n = 200 + 16 * (m % 3), k = f == Format::kNVFP4 ? 1040 : 1056;  // off-tile N and K
-          check_case(f, m, n, k, bf16, cfgs[ci].id, m % 2 == 1);
+          check_case(f, m, n, k, bf16, cfg->id, m % 2 == 1);
         }
+}
+
+// FIRST for the prefill kernel: one CTA tile with exact inputs, so any error in its one layout
+// assumption (wgmma's register A fragment of each warp is laid out like mma.m16n8k16's: rows g, g+8, k
+// 2t, 2t+8) shows as a bitwise mismatch; one-hot probes print where a weight landed if it fails. Then the
+// split-K sum: partial sums of exact inputs are exact, so split configs must be bit-exact too.
+TEST(gemm_prefill_grid_exact_bitwise) {
+  if (configs_of(true).empty()) {
+    CHECK(device_major() != 9);
+    return;
+  }
+  bool all_ok = true;
+  for (const char* name : {"p64_w8_s8", "p256_w8_s3"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+      const int64_t tile = std::string(name) == "p64_w8_s8" ? 64 : 256;
+      const int64_t diff = grid_exact_diff(f, tile, 128, 512, true, config_id(name));
+      CHECK_MSG(diff == 0, "wgmma register-A fragment layout assumption (rows g, g+8; k 2t, 2t+8 per warp, as "
+                           "mma.m16n8k16) or the B-tile K order FAILED: "
+                               << format_name(f) << " " << name << ": " << diff << " outputs differ");
+      all_ok = all_ok && diff == 0;
+    }
+  if (!all_ok) {
+    std::printf("  one-hot probes (NVFP4, bf16, p64_w8_s8):\n");
+    for (auto rk : std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {0, 2}, {0, 8}, {0, 16}, {0, 17}, {1, 0}, {8, 0},
+                                                    {16, 0}, {64, 0}, {5, 37}, {127, 511}})
+      probe_one_hot(rk.first, rk.second, 128, 512, config_id("p64_w8_s8"));
+  }
+  // Split K: 3 x 2 tiles of p128 (6 CTAs' worth) split over the 4 slices of K = 2048.
+  for (const char* name : {"p64_w8_s8_k8", "p128_w8_s5_k8", "p256_w8_s3_k8"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4})
+      for (bool bf16 : {true, false}) {
+        const int64_t m = 129, n = 272, k = 2048;
+        CHECK_MSG(plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
+        const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
+        CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
+      }
+}
+
+// Every prefill config (Hopper) at the m of the issue and at small m (a prefill config chosen for m = 1
+// must still be right): N = 272 (17 row tiles, the last 128-row block has one), NVFP4 K = 1040 (17
+// chunks, odd, the last partial), MXFP4 K = 1056 (k_pad 1152, a short last slice); the dtype alternates
+// with m, bias on odd m. Small tile counts make the _k8 configs split K (2-3 ways here).
+TEST(gemm_prefill_all_configs) {
+  std::vector<int64_t> ms = {1, 17, 64, 128, 129, 255, 256, 1000, 4097};
+  if (quick()) ms = {17, 129, 256};
+  int i = 0;
+  for (const KernelConfig* cfg : configs_of(true))
+    for (int64_t m : ms) {
+      ++i;
+      for (Format f : {Format::kNVFP4, Format::kMXFP4})
+        check_case(f, m, 272, f == Format::kNVFP4 ? 1040 : 1056, i % 2 == 0, cfg->id, m % 2 == 1);
+    }
+  // Both dtypes at one m for every config.
+  for (const KernelConfig* cfg : configs_of(true))
+    for (bool bf16 : {true, false}) check_case(Format::kMXFP4, 129, 144, 2048, bf16, cfg->id, true);
+}
+
+// Off-tile N and K of real size: N = 8192 + 16, K = 2880 (gpt-oss), through dispatch and explicit configs.
+TEST(gemm_prefill_off_tile_large) {
+  if (configs_of(true).empty()) {
+    CHECK(device_major() != 9);
+    return;
+  }
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    check_case(f, 129, 8192 + 16, 2880, true, -1, true);
+    if (!quick()) {
+      check_case(f, 1000, 8192 + 16, 2880, false, config_id("p256_w8_s3"), false);
+      check_case(f, 300, 8192 + 16, 2880, true, config_id("p128_w8_s5_k8"), true);
+    }
+  }
+}
+
+// One real shape, Llama-70B o_proj 8192 x 8192 (sampled tokens): dispatch's pick at m = 256 (split K on
+// an H200) and a whole-K config.
+TEST(gemm_prefill_real_shape) {
+  if (configs_of(true).empty()) {
+    CHECK(device_major() != 9);
+    return;
+  }
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) check_case(f, 256, 8192, 8192, true, -1, false);
+  if (!quick()) check_case(Format::kNVFP4, 512, 8192, 8192, false, config_id("p256_w8_s3"), true);
+}
+
+// Same inputs, same bits: the split-K partials are summed in split order whatever the arrival order (and
+// the ring has no race).
+TEST(gemm_prefill_deterministic) {
+  if (configs_of(true).empty()) {
+    CHECK(device_major() != 9);
+    return;
+  }
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t m = 300, n = 1024 + 48, k = 4096 + 64;
+    CkptWeight w = fp4test::random_weight(f, n, k, rng());
+    DeviceWeight dw;
+    prepack_both(w, dw);
+    const auto x = random_x(m, k, true);
+    for (const char* name : {"p128_w8_s5_k8", "p256_w8_s3"}) {
+      if (std::string(name) == "p128_w8_s5_k8")
+        CHECK_MSG(plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
+      const RunOut a = run(dw, x, nullptr, m, true, config_id(name)), b = run(dw, x, nullptr, m, true, config_id(name));
+      CHECK_MSG(a.ok && b.ok && a.bits == b.bits, format_name(f) << " " << name << ": two runs differ");
+    }
+  }
+}
+
+// Dispatch on this device: the decode kernel up to m = 64, the prefill kernel from kPrefillMinM on a
+// Hopper device (a decode config elsewhere), and the workspace query agrees with the plan.
+TEST(gemm_dispatch_by_m) {
+  const int major = device_major();
+  for (int64_t m : {int64_t(1), int64_t(64), kPrefillMinM, int64_t(256), int64_t(4096)}) {
+    const detail::DecodePlan plan = plan_of(m, Format::kNVFP4, 8192, 8192, -1);
+    const bool want_prefill = major == 9 && m >= kPrefillMinM;
+    CHECK_MSG(plan.cfg && is_prefill(*plan.cfg) == want_prefill,
+              "m=" << m << ": dispatch picked " << (plan.cfg ? plan.cfg->name : "nothing"));
+    size_t ws = 0;
+    CHECK_OK(gemm_workspace_bytes(m, PackedWeight{Format::kNVFP4, 8192, 8192, nullptr}, DType::kBF16, &ws));
+    CHECK_EQ(ws, plan.workspace_bytes);
   }
 }
 
@@ -215,31 +476,22 @@ TEST(gemm_shapes) {
   check_case(Format::kMXFP4, 16, 10944 / 8, 2880, false, -1, true);
 }
 
-// m beyond one launch (64-token blocks).
+// m beyond one decode launch: dispatch's pick (the prefill kernel on Hopper), and the decode kernel in
+// 64-token blocks explicitly.
 TEST(gemm_large_m) {
   for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
     check_case(f, 65, 96, 512, true, -1, true);
     check_case(f, 257, 160, 256, false, -1, false);
+    check_case(f, 257, 160, 256, true, config_id("m64_r2_w8_b1_c4x2"), true);
   }
 }
 
-// Grid-exact inputs: codes on the E2M1 grid with power-of-two scales and small-integer activations make
-// every product and partial sum exact in fp32, so the output must equal the rounded reference bit for bit.
+// Grid-exact inputs through the decode kernel (dispatch's pick at m <= 64): bit for bit.
 TEST(gemm_grid_exact_bitwise) {
   for (Format f : {Format::kNVFP4, Format::kMXFP4})
     for (bool bf16 : {true, false})
       for (int64_t m : {1, 16, 33}) {
-        const int64_t n = 144, k = 2048;
-        CkptWeight w = fp4test::random_weight(f, n, k, rng(), fp4test::ScaleMode::kPow2);
-        DeviceWeight dw;
-        prepack_both(w, dw);
-        std::vector<float> x(size_t(m * k));
-        std::uniform_int_distribution<int> small(-3, 3);
-        for (auto& v : x) v = float(small(rng()));
-        const auto ref = fp4test::reference(x, fp4test::dequant(w), nullptr, m, n, k);
-        const auto got = run(dw, x, nullptr, m, bf16, -1);
-        int64_t diff = 0;
-        for (size_t i = 0; i < ref.size(); ++i) diff += got.bits[i] != fp4test::to_bits(float(ref[i]), bf16);
+        const int64_t diff = grid_exact_diff(f, m, 144, 2048, bf16, -1);
         CHECK_MSG(diff == 0, format_name(f) << " m=" << m << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
 }
@@ -342,6 +594,10 @@ TEST(gemm_device_errors) {
   a.workspace = ws;
   a.config = 99;
   CHECK_ERROR(gemm(a, nullptr), "config: 99 is not in the kernel config table");
+  if (device_major() != 9) {
+    a.config = config_id("p256_w8_s3");
+    CHECK_ERROR(gemm(a, nullptr), "config: p256_w8_s3 needs a compute capability 9.x (Hopper) device");
+  }
   a.config = -1;
   a.y = x;
   CHECK_ERROR(gemm(a, nullptr), "y: must not overlap x");
