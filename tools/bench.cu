@@ -1,15 +1,23 @@
-// fp4kit-bench: decode GEMM benchmark against cuBLASLt BF16, same run, same method.
+// fp4kit-bench: the GEMM benchmark (decode and prefill kernels) against cuBLASLt BF16, same run, same
+// method.
 //
 // Contract
-//   fp4kit-bench [--suite llama70b|llama8b|tp8|gptoss|all] [--m 1,2,4,...] [--formats nvfp4,mxfp4]
-//                [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA] [--replays N]
-//                [--tune PATH]
+//   fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m 1,2,4,...]
+//                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
+//                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
 //   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
-//   L2, so every call streams cold weights), median over >= 100 replays, per-call time = replay / calls.
-//   Eager per-call time (one launch per call, event-timed) is reported beside it. Inputs are random, never
-//   zeros. Each (shape, format) is also checked at m = 16 against cuBLAS on the dequantized weights
-//   (check_rel_l2). JSON: {device, commit, date, l2_bytes, sms, rows: [...]}.
+//   L2, so every call streams cold weights), median over N >= 100 replays, per-call time = replay / calls;
+//   calls whose graph takes over 2 ms (large m) get fewer replays (about 0.15 s of them, at least 5) and
+//   graphs of fewer calls (at least 2): each row records its replays and calls per graph. Eager per-call
+//   time (one launch per call, event-timed) is reported beside it. Inputs are random, never zeros.
+//   Rows are marked with what dispatch picks (dispatch: true); --config all also times every other config
+//   that applies (decode configs up to twice the n_tiles m needs, the 64-token ones up to m = 256, the
+//   decode default above; prefill configs whose token tile is at most max(64, 2m), split variants only
+//   where they split), and --compare (default: on for the *-prefill suites) times the other kernel's
+//   analytic default beside dispatch's pick. Every row is checked: one call at its m on the last weight
+//   copy, its first min(m, 256) tokens against cuBLAS on the dequantized weights (check_rel_l2; BF16 only).
+//   JSON: {device, commit, date, l2_bytes, sms, method, rows: [...]}.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "configs.h"
+#include "gemm_internal.h"
 #include "fp4kit/formats.h"
 #include "fp4kit/gemm.h"
 #include "fp4kit/repack.h"
@@ -55,7 +64,7 @@ std::vector<Shape> suite(const std::string& name) {
   auto add = [&](const char* model, std::initializer_list<std::pair<const char*, std::pair<int64_t, int64_t>>> l) {
     for (auto& e : l) s.push_back({model, e.first, e.second.first, e.second.second});
   };
-  if (name == "llama70b" || name == "all")
+  if (name == "llama70b" || name == "llama70b-prefill" || name == "all")
     add("llama-3.3-70b", {{"qkv", {10240, 8192}}, {"o", {8192, 8192}}, {"gate_up", {57344, 8192}}, {"down", {8192, 28672}}});
   if (name == "llama8b" || name == "all")
     add("llama-3.1-8b", {{"qkv", {6144, 4096}}, {"o", {4096, 4096}}, {"gate_up", {28672, 4096}}, {"down", {4096, 14336}}});
@@ -63,6 +72,14 @@ std::vector<Shape> suite(const std::string& name) {
     add("llama-3.3-70b-tp8", {{"qkv", {1280, 8192}}, {"o", {8192, 1024}}, {"gate_up", {7168, 8192}}, {"down", {8192, 3584}}});
   if (name == "gptoss" || name == "all") add("gpt-oss-attn", {{"qkv", {5120, 2880}}, {"o", {2880, 4096}}});
   return s;
+}
+
+// The m list of the *-prefill suites (when --m is not given): decode sizes, the crossover, prefill to 16384.
+const char* kPrefillMs = "1,16,32,64,128,256,512,1024,2048,4096,8192,16384";
+
+const char* kernel_of(const KernelConfig& c) { return is_prefill(c) ? "prefill" : "decode"; }
+const char* pipeline_of(const KernelConfig& c) {
+  return c.pipeline == kWgmma ? "wgmma" : c.pipeline == kBulk ? "bulk" : "ring";
 }
 
 // cuBLASLt: Y[m, n] (row-major) = X[m, k] W[n, k]^T, i.e. column-major C[n, m] = W^T(op T) * X.
@@ -112,17 +129,21 @@ struct Lt {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", "1,2,4,8,16,32,64"},
+  std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", ""},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
-                                            {"tune", ""}, {"layer", ""}};
+                                            {"tune", ""}, {"layer", ""}, {"compare", "auto"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
-      std::printf("usage: fp4kit-bench [--suite llama70b|llama8b|tp8|gptoss|all] [--m LIST] [--formats LIST]\n"
-                  "                    [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA] [--replays N]\n"
+      std::printf("usage: fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m LIST]\n"
+                  "                    [--formats LIST] [--act bf16|fp16] [--config ID|all] [--json PATH]\n"
+                  "                    [--commit SHA] [--replays N]\n"
                   "                    [--tune PATH]   (time every config, write the fastest as a tuning table)\n"
-                  "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n");
+                  "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n"
+                  "                    [--compare auto|on|off]  (also time the other kernel's default; auto: on\n"
+                  "                                    for the *-prefill suites)\n"
+                  "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -145,8 +166,16 @@ int main(int argc, char** argv) {
   const bool sweep = opt["config"] == "all" || !opt["tune"].empty();
   const int config = sweep ? -1 : std::atoi(opt["config"].c_str());
   const int replays = std::max(100, std::atoi(opt["replays"].c_str()));
+  const bool prefill_suite = opt["suite"].size() > 8 && opt["suite"].rfind("-prefill") == opt["suite"].size() - 8;
+  const bool compare = opt["compare"] == "on" || (opt["compare"] == "auto" && prefill_suite);
+  if (opt["m"].empty()) opt["m"] = prefill_suite ? kPrefillMs : "1,2,4,8,16,32,64";
   std::vector<int64_t> ms;
   for (auto& s : split(opt["m"])) ms.push_back(std::atoll(s.c_str()));
+  if (ms.empty() || *std::min_element(ms.begin(), ms.end()) < 1) {
+    std::fprintf(stderr, "fp4kit-bench: --m must list m >= 1\n");
+    return 2;
+  }
+  const int sms = prop.multiProcessorCount;
   auto shapes = suite(opt["suite"]);
   if (!shapes.empty() && !opt["layer"].empty()) {
     std::vector<Shape> keep;
@@ -159,7 +188,7 @@ int main(int argc, char** argv) {
     shapes = keep;
   }
   if (shapes.empty()) {
-    std::fprintf(stderr, "fp4kit-bench: --suite must be llama70b, llama8b, tp8, gptoss or all\n");
+    std::fprintf(stderr, "fp4kit-bench: --suite must be llama70b, llama70b-prefill, llama8b, tp8, gptoss or all\n");
     return 2;
   }
   const size_t l2 = size_t(prop.l2CacheSize);
@@ -171,8 +200,8 @@ int main(int argc, char** argv) {
   const int64_t m_max = *std::max_element(ms.begin(), ms.end());
   std::ostringstream rows, tuning;
   int nrows = 0;
-  std::printf("%-18s %-8s %-6s %4s %7s %9s %9s %9s %8s %8s %7s\n", "model", "layer", "format", "m", "us",
-              "eager_us", "cublas_us", "speedup", "TB/s", "roof", "check");
+  std::printf("%-18s %-8s %-6s %5s %9s %9s %9s %8s %8s %7s %8s %7s %s\n", "model", "layer", "format", "m", "us",
+              "eager_us", "cublas_us", "speedup", "TB/s", "roof", "TFLOP/s", "check", "config (* = dispatch)");
 
   for (const Shape& sh : shapes) {
     const int64_t n = sh.n, k = sh.k;
@@ -191,17 +220,26 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&w16[size_t(c)], wbytes16));
       fill16(w16[size_t(c)], size_t(n * k), 100u + c, bf16);
     }
-    std::map<int64_t, double> cublas_us;
+    std::map<int64_t, Measured> cublas;
     for (int64_t m : ms) {
       auto plan = lt.plan(m, n, k, bf16 ? CUDA_R_16BF : CUDA_R_16F);
+      if (plan.algos.empty()) {
+        std::fprintf(stderr, "fp4kit-bench: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld\n", (long long)m,
+                     (long long)n, (long long)k);
+        return 2;
+      }
+      // Pick by a short graph timing (20 replays; fewer, at least 3, where a graph takes over 3 ms).
+      const double probe = eager_time_us(s, copies16, 1, [&](int i) { lt.run(plan, 0, w16[size_t(i % copies16)], x, y, s); }, 1);
+      const int sel = std::max(3, std::min(20, int(60e3 / std::max(1.0, probe * copies16))));
       double best = 1e30;
       int best_ai = 0;
-      for (int ai = 0; ai < int(plan.algos.size()); ++ai) {  // pick by a short graph timing
-        const double t = graph_time_us(s, copies16, 20, [&](int i) { lt.run(plan, ai, w16[size_t(i % copies16)], x, y, s); });
+      for (int ai = 0; ai < int(plan.algos.size()); ++ai) {
+        const double t = graph_time_us(s, copies16, sel, [&](int i) { lt.run(plan, ai, w16[size_t(i % copies16)], x, y, s); },
+                                       sel < 20 ? 1 : 3);
         if (t < best) { best = t; best_ai = ai; }
       }
-      cublas_us[m] = graph_time_us(s, std::max(copies16, 8), replays,
-                                   [&](int i) { lt.run(plan, best_ai, w16[size_t(i % copies16)], x, y, s); });
+      cublas[m] = measure(s, copies16, replays, [&](int i) { lt.run(plan, best_ai, w16[size_t(i % copies16)], x, y, s); },
+                          false);
     }
 
     for (const std::string& fname : split(opt["formats"])) {
@@ -233,90 +271,100 @@ int main(int argc, char** argv) {
         pa.dst = wp[size_t(c)];
         CKS(prepack_gpu(pa, s));
       }
-      // Check: the last copy's checkpoint data against cuBLAS on its dequantized weights, at m = min(16, m_max).
-      double check = -1;
-      {
-        const int64_t mc = std::min<int64_t>(16, m_max);
+      // Self-check reference: cuBLAS on the last copy's dequantized weights, first m_ref tokens (BF16 only).
+      const int64_t m_ref = std::min<int64_t>(256, m_max);
+      void* yref = nullptr;
+      if (bf16) {
         __nv_bfloat16* wd;
-        void* yref;
         CK(cudaMalloc(&wd, size_t(n * k) * 2));
-        CK(cudaMalloc(&yref, size_t(mc * n) * 2));
+        CK(cudaMalloc(&yref, size_t(m_ref * n) * 2));
         dequant_bf16<<<4096, 256, 0, s>>>(f, packed, scales, f == Format::kNVFP4 ? ts : nullptr, n, k, wd);
-        if (bf16) {
-          auto plan = lt.plan(mc, n, k, CUDA_R_16BF);
-          lt.run(plan, 0, wd, x, yref, s);
-          size_t wsb = 0;
-          CKS(gemm_workspace_bytes(mc, PackedWeight{f, n, k, wp.back()}, act, &wsb, config));
-          void* ws = nullptr;
-          if (wsb) { CK(cudaMalloc(&ws, wsb)); CK(cudaMemsetAsync(ws, 0, wsb, s)); }
-          GemmArgs ga;
-          ga.m = mc; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, wp.back()}; ga.y = y;
-          ga.workspace = ws; ga.workspace_bytes = wsb; ga.config = config;
-          CKS(gemm(ga, s));
-          CK(cudaStreamSynchronize(s));
-          std::vector<__nv_bfloat16> a(size_t(mc * n)), b(size_t(mc * n));
-          CK(cudaMemcpy(a.data(), y, a.size() * 2, cudaMemcpyDeviceToHost));
-          CK(cudaMemcpy(b.data(), yref, b.size() * 2, cudaMemcpyDeviceToHost));
-          double num = 0, den = 0;
-          for (size_t i = 0; i < a.size(); ++i) {
-            const double d = double(__bfloat162float(a[i])) - double(__bfloat162float(b[i]));
-            num += d * d;
-            den += double(__bfloat162float(b[i])) * double(__bfloat162float(b[i]));
-          }
-          check = std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : 1e9;
-          cudaFree(ws);
-        }
-        cudaFree(wd);
-        cudaFree(yref);
+        auto plan = lt.plan(m_ref, n, k, CUDA_R_16BF);
+        lt.run(plan, 0, wd, x, yref, s);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaFree(wd));
       }
 
       for (int64_t m : ms) {
       int ncfg = 0;
       const KernelConfig* table = kernel_configs(&ncfg);
       std::vector<int> cfgs;
-      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, prop.major);
+      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, prop.major, sms);
+      // What --config all times besides the pick (see the contract on top).
+      auto applies = [&](const KernelConfig& c) {
+        if (!config_supported(c, prop.major)) return false;
+        if (is_prefill(c))
+          return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_splits(c, m, n, k, sms) > 1);
+        if (m <= 64) {
+          const int need = int((m + 7) / 8);
+          return c.n_tiles >= need && c.n_tiles <= 2 * need;
+        }
+        if (m <= 256) return c.n_tiles == 8;
+        return c.id == pick_config(m, n, k, nullptr, 8, sms);  // the decode default (the Ampere path)
+      };
+      cfgs.push_back(picked);
+      if (sweep) {
+        for (int ci = 0; ci < ncfg; ++ci)
+          if (table[ci].id != picked && applies(table[ci])) cfgs.push_back(table[ci].id);
+      } else if (compare) {  // the other kernel's analytic default
+        const int other = is_prefill(*find_config(picked)) ? pick_config(m, n, k, nullptr, 8, sms)
+                                                           : pick_prefill_config(m, n, k, prop.major, sms);
+        if (other >= 0 && other != picked) cfgs.push_back(other);
+      }
       int best_cfg = picked;
       double best_us = 1e30;
-      cfgs.push_back(picked);
-      if (sweep)
-        for (int ci = 0; ci < ncfg; ++ci) {
-          const int need = int((std::min<int64_t>(m, 64) + 7) / 8);
-          if (table[ci].id != picked && table[ci].n_tiles >= need && table[ci].n_tiles <= 2 * need &&
-              config_supported(table[ci], prop.major))
-            cfgs.push_back(table[ci].id);
-        }
+      const Measured& cb = cublas[m];
       for (int cfg : cfgs) {
+        const KernelConfig& kc = *find_config(cfg);
+        detail::DecodePlan plan;
+        CKS(detail::make_plan(m, PackedWeight{f, n, k, wp[0]}, act, cfg, &plan));
         size_t wsb = 0;
         CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsb, cfg));
         void* ws = nullptr;
         if (wsb) { CK(cudaMalloc(&ws, wsb)); CK(cudaMemset(ws, 0, wsb)); }
-        auto call = [&](int i) {
+        auto call_on = [&](int64_t mm, void* w) {
           GemmArgs ga;
-          ga.m = m; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, wp[size_t(i % copies)]}; ga.y = y;
+          ga.m = mm; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, w}; ga.y = y;
           ga.workspace = ws; ga.workspace_bytes = wsb; ga.config = cfg;
           CKS(gemm(ga, s));
         };
-        const double us = graph_time_us(s, std::max(copies, 8), replays, call);
+        auto call = [&](int i) { call_on(m, wp[size_t(i % copies)]); };
+        const Measured r = measure(s, copies, replays, call);
+        const double us = r.us;
         if (us < best_us) { best_us = us; best_cfg = cfg; }
-        const double eager = eager_time_us(s, copies, replays, call);
+        double check = -1;
+        if (bf16) {  // this config at this m on the last copy; its first min(m, m_ref) tokens
+          call_on(m, wp.back());
+          check = rel_l2_device(y, yref, size_t(std::min(m, m_ref) * n), s);
+        }
         CK(cudaFree(ws));
         const double tbps = double(ckpt_bytes) / (us * 1e-6) / 1e12;
-        const double speedup = cublas_us[m] / us;
-        std::string cfgname = find_config(cfg)->name;
-        std::printf("%-18s %-8s %-6s %4lld %7.1f %9.1f %9.1f %8.2fx %8.2f %7.0f%% %7.4f %s%s\n", sh.model.c_str(),
-                    sh.layer.c_str(), fname.c_str(), (long long)m, us, eager, cublas_us[m], speedup, tbps,
-                    100 * tbps / 4.25, check, cfgname.c_str(), cfg == picked ? " *" : "");
+        const double speedup = cb.us / us;
+        const double tflops = 2.0 * double(m) * double(n) * double(k) / (us * 1e-6) / 1e12;
+        const double cublas_tflops = 2.0 * double(m) * double(n) * double(k) / (cb.us * 1e-6) / 1e12;
+        std::string cfgname = kc.name;
+        std::printf("%-18s %-8s %-6s %5lld %9.1f %9.1f %9.1f %7.2fx %8.2f %6.0f%% %8.1f %7.4f %s%s\n", sh.model.c_str(),
+                    sh.layer.c_str(), fname.c_str(), (long long)m, us, r.eager_us, cb.us, speedup, tbps,
+                    100 * tbps / 4.25, tflops, check, cfgname.c_str(), cfg == picked ? " *" : "");
         std::fflush(stdout);
         rows << (nrows++ ? ",\n" : "") << "    {\"op\": \"gemm\", \"model\": \"" << sh.model << "\", \"layer\": \""
              << sh.layer << "\", \"format\": \"" << fname << "\", \"act\": \"" << (bf16 ? "bf16" : "fp16")
              << "\", \"m\": " << m << ", \"n\": " << n << ", \"k\": " << k << ", \"config\": \"" << cfgname
-             << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"us\": " << us << ", \"eager_us\": " << eager << ", \"cublas_us\": " << cublas_us[m]
-             << ", \"speedup\": " << speedup << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
-             << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check << "}";
+             << "\", \"kernel\": \"" << kernel_of(kc) << "\", \"pipeline\": \"" << pipeline_of(kc)
+             << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"grid\": " << plan.grid
+             << ", \"splits\": " << plan.splits << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
+             << ", \"eager_us\": " << r.eager_us << ", \"cublas_us\": " << cb.us << ", \"speedup\": " << speedup
+             << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
+             << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
+             << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check
+             << ", \"replays\": " << r.replays << ", \"graph_calls\": " << r.calls << ", \"eager_iters\": "
+             << r.eager_iters << ", \"cublas_replays\": " << cb.replays << ", \"cublas_graph_calls\": " << cb.calls
+             << "}";
       }
-      tuning << fname << " " << (bf16 ? "bf16" : "fp16") << " " << n << " " << k << " " << std::min<int64_t>(m, 64)
-             << " " << find_config(best_cfg)->name << "\n";
+      tuning << fname << " " << (bf16 ? "bf16" : "fp16") << " " << n << " " << k << " " << m << " "
+             << find_config(best_cfg)->name << "\n";
       }
+      if (yref) CK(cudaFree(yref));
       for (void* p : wp) CK(cudaFree(p));
       CK(cudaFree(packed));
       CK(cudaFree(scales));
@@ -347,10 +395,12 @@ int main(int argc, char** argv) {
     std::fprintf(fjson,
                  "{\n  \"tool\": \"fp4kit-bench\",\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %zu,\n"
                  "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"suite\": \"%s\",\n  \"method\": \"CUDA graph of "
-                 ">= 8 calls over rotating weight copies (> 2x L2), median of %d replays; cuBLASLt best of "
-                 "heuristic top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
+                 ">= 8 calls over rotating weight copies (> 2x L2), median of %d replays; where a graph takes over 2 ms "
+                 "(large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one warm-up: each row's replays, "
+                 "graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; cuBLASLt best of heuristic "
+                 "top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
-                 utc_now().c_str(), json_escape(opt["suite"]).c_str(), replays, rows.str().c_str());
+                 utc_now().c_str(), json_escape(opt["suite"]).c_str(), replays, kBudgetMs, rows.str().c_str());
     std::fclose(fjson);
     std::printf("wrote %s\n", opt["json"].c_str());
   }
