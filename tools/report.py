@@ -2,10 +2,16 @@
 """Turn fp4kit's JSON reports into the summary tables, the README tables and PNG plots.
 
     tools/report.py bench/results/decode_*.json [--summary] [--readme README.md] [--plot DIR]
+    tools/report.py bench/results/prefill_llama70b.json [--summary] [--readme README.md] [--plot DIR]
     tools/report.py bench/results/moe.json [--summary] [--readme README.md] [--plot DIR]   (fp4kit-bench-moe)
     tools/report.py bench/results/e2e_*.json [--summary] [--readme README.md]              (python -m fp4kit.e2e)
     tools/report.py bench/results/quality*.json [--summary] [--readme README.md]           (python -m fp4kit.quality)
     tools/report.py --merge bench/results/e2e_llama70b.json bench/results/e2e_llama70b-*.json   (join e2e steps)
+
+fp4kit-bench runs that time the prefill kernel (the llama70b-prefill suite, m up to 16384) get a decode + prefill
+layout in the perf-table (best decode config, best prefill config and dispatch's pick per layer, format and m; the
+targets of the prefill work under --summary) and a plot prefill_speedup_<model>.png of speedup vs m per layer
+(decode, prefill, dispatch); decode-only runs keep the decode layout and speedup_<model>.png.
 
 Each report goes to its own README markers: perf-table, moe-table, e2e-table (Llama-3.1-8B),
 e2e-llama70b-table, e2e-gptoss-table, quality-table (GPU runs first, then the CPU reference). The e2e and quality
@@ -30,7 +36,8 @@ def _tables():
 
 
 def load(paths):
-    """Each run's rows, keeping only what dispatch picks (a --config all sweep also times the others)."""
+    """Each run's rows: `rows` keeps only what dispatch picks (a --config all sweep also times the others),
+    `all_rows` everything."""
     runs = []
     for p in paths:
         with open(p) as f:
@@ -39,14 +46,78 @@ def load(paths):
         if d.get("tool") in ("fp4kit.e2e", "fp4kit.quality"):
             runs.append(d)
             continue
+        d["all_rows"] = d["rows"]
         d["rows"] = [r for r in d["rows"] if r.get("dispatch", True)]
         runs.append(d)
     return runs
 
 
+def kernel(r):
+    """decode or prefill (rows written before the prefill kernel carry no "kernel": decode configs then)."""
+    return r.get("kernel") or ("prefill" if r["config"].startswith("p") else "decode")
+
+
+def has_prefill(d):
+    return any(kernel(r) == "prefill" for r in d.get("all_rows", d["rows"]))
+
+
+def best_by_kernel(d):
+    """{(model, layer, format, m): {"decode": row, "prefill": row, "dispatch": row}}: the fastest row of each
+    kernel among the configs timed, and dispatch's pick."""
+    out = {}
+    for r in d["all_rows"]:
+        cell = out.setdefault((r["model"], r["layer"], r["format"], r["m"]), {})
+        kk = kernel(r)
+        if kk not in cell or r["us"] < cell[kk]["us"]:
+            cell[kk] = r
+        if r.get("dispatch", True):
+            cell["dispatch"] = r
+    return out
+
+
+# The prefill work's targets (speedup of what dispatch picks over cuBLAS BF16, per format over the layers).
+TARGETS = [([256], 1.10, 1.0), ([1024, 4096, 8192], 0.95, 0.9)]
+
+
+def prefill_summary(d):
+    """Text: per (model, format) the speedup of the best decode config, the best prefill config and dispatch's
+    pick per layer and m, then the targets."""
+    best = best_by_kernel(d)
+    lines = [f"# {Path(d['_path']).name}: {d['device']} commit {d['commit']} {d['date']} (decode / prefill / "
+             "dispatch speedup over cuBLAS BF16; D or P: the kernel dispatch picks)"]
+    rows = d["all_rows"]
+    for model in sorted({r["model"] for r in rows}):
+        for fmt in sorted({r["format"] for r in rows if r["model"] == model}):
+            ms = sorted({r["m"] for r in rows if r["model"] == model and r["format"] == fmt})
+            layers = list(dict.fromkeys(r["layer"] for r in rows if r["model"] == model))
+            lines.append(f"{model:18s} {fmt:6s} " + " ".join(f"{'m=' + str(m):>17s}" for m in ms))
+            for layer in layers:
+                cells = []
+                for m in ms:
+                    c = best.get((model, layer, fmt, m), {})
+                    f = lambda kk: f"{c[kk]['speedup']:4.2f}" if kk in c else "  - "
+                    tag = kernel(c["dispatch"])[0].upper() if "dispatch" in c else " "
+                    cells.append(f"{f('decode')}/{f('prefill')}/{f('dispatch')}{tag}")
+                lines.append(f"{'':18s} {layer:6s} " + " ".join(f"{x:>17s}" for x in cells))
+            for target_ms, avg_min, floor in TARGETS:
+                for m in target_ms:
+                    sp = [c["dispatch"]["speedup"] for (mo, la, fo, mm), c in best.items()
+                          if mo == model and fo == fmt and mm == m and "dispatch" in c]
+                    if not sp:
+                        continue
+                    avg, low = statistics.mean(sp), min(sp)
+                    ok = "ok" if avg >= avg_min and low >= floor else "MISSED"
+                    lines.append(f"{'':18s} target m={m}: average {avg:.2f}x (>= {avg_min:.2f}), lowest {low:.2f}x "
+                                 f"(>= {floor:.2f}): {ok}")
+    return "\n".join(lines)
+
+
 def summary(runs):
     lines = []
     for d in runs:
+        if has_prefill(d):
+            lines.append(prefill_summary(d))
+            continue
         lines.append(f"# {Path(d['_path']).name}: {d['device']} commit {d['commit']} {d['date']}")
         rows = d["rows"]
         models = sorted({r["model"] for r in rows})
@@ -71,10 +142,59 @@ def summary(runs):
     return "\n".join(lines)
 
 
+def prefill_readme_table(d):
+    """Decode + prefill layout: per (layer, format) the best decode config (speedup / % of the copy
+    roofline), the best prefill config (speedup / TFLOP/s) and dispatch's pick (speedup, D or P), per m."""
+    best = best_by_kernel(d)
+    rows = d["all_rows"]
+    ms = sorted({r["m"] for r in rows})
+    models = sorted({r["model"] for r in rows})
+    out = [f"**{', '.join(models)}, decode and prefill kernels** on {d['device']}, commit `{d['commit']}`, {d['date']} "
+           f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs over rotating weight copies; cell = "
+           "speedup over cuBLASLt BF16 measured in the same run; decode rows: best decode config / % of the 4.25 TB/s "
+           "copy roofline; prefill rows: best prefill config / TFLOP/s; dispatch rows: what gemm() picks "
+           "(D: decode, P: prefill).", ""]
+    out.append("| layer | N x K | format | kernel | " + " | ".join(f"m={m}" for m in ms) + " |")
+    out.append("|---|---|---|---|" + "---:|" * len(ms))
+    for model in models:
+        for fmt in ("nvfp4", "mxfp4"):
+            layers = list(dict.fromkeys(r["layer"] for r in rows if r["model"] == model and r["format"] == fmt))
+            if not layers:
+                continue
+            for layer in layers:
+                any_r = next(r for r in rows if r["model"] == model and r["layer"] == layer)
+                for kk in ("decode", "prefill", "dispatch"):
+                    cells = []
+                    for m in ms:
+                        r = best.get((model, layer, fmt, m), {}).get(kk)
+                        if not r:
+                            cells.append("")
+                        elif kk == "decode":
+                            cells.append(f"{r['speedup']:.2f}x / {100 * r['roofline_frac']:.0f}%")
+                        elif kk == "prefill":
+                            tf = r.get("tflops", 2.0 * r["m"] * r["n"] * r["k"] / (r["us"] * 1e6))
+                            cells.append(f"{r['speedup']:.2f}x / {tf:.0f}")
+                        else:
+                            cells.append(f"**{r['speedup']:.2f}x** {kernel(r)[0].upper()}")
+                    out.append(f"| {layer} | {any_r['n']} x {any_r['k']} | {fmt} | {kk} | " + " | ".join(cells) + " |")
+            avg = []
+            for m in ms:
+                sp = [c["dispatch"]["speedup"] for (mo, la, fo, mm), c in best.items()
+                      if mo == model and fo == fmt and mm == m and "dispatch" in c]
+                avg.append(f"**{statistics.mean(sp):.2f}x**" if sp else "")
+            out.append(f"| **average** | | {fmt} | dispatch | " + " | ".join(avg) + " |")
+    out.append("")
+    return "\n".join(out)
+
+
 def readme_table(runs):
-    """Compact table: one row per (layer, format), speedup and % of the 4.25 TB/s copy roofline per m."""
+    """Compact table: one row per (layer, format), speedup and % of the 4.25 TB/s copy roofline per m (runs
+    with the prefill kernel: prefill_readme_table)."""
     out = []
     for d in runs:
+        if has_prefill(d):
+            out.append(prefill_readme_table(d))
+            continue
         rows = d["rows"]
         ms = sorted({r["m"] for r in rows})
         models = sorted({r["model"] for r in rows})
@@ -95,9 +215,11 @@ def readme_table(runs):
                     cells = [f"{sel[m]['speedup']:.2f}x / {100 * sel[m]['roofline_frac']:.0f}%" if m in sel else ""
                              for m in ms]
                     out.append(f"| {layer} | {any_r['n']} x {any_r['k']} | {fmt} | " + " | ".join(cells) + " |")
-                avg = [statistics.mean(r["speedup"] for r in rows if r["model"] == model and r["format"] == fmt
-                                       and r["m"] == m) for m in ms]
-                out.append(f"| **average** | | {fmt} | " + " | ".join(f"**{a:.2f}x**" for a in avg) + " |")
+                sp = [[r["speedup"] for r in rows if r["model"] == model and r["format"] == fmt and r["m"] == m]
+                      for m in ms]
+                if any(sp):
+                    out.append(f"| **average** | | {fmt} | " +
+                               " | ".join(f"**{statistics.mean(x):.2f}x**" if x else "" for x in sp) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -162,6 +284,47 @@ def update_readme(path, table, marker="perf-table"):
     Path(path).write_text(head + b + "\n" + table + "\n" + e + tail)
 
 
+def plot_prefill(d, outdir):
+    """prefill_speedup_<model>.png: speedup over cuBLAS BF16 vs m, one panel per (format, layer), with the best
+    decode config, the best prefill config and dispatch's pick."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    best = best_by_kernel(d)
+    rows = d["all_rows"]
+    for model in sorted({r["model"] for r in rows}):
+        fmts = [f for f in ("nvfp4", "mxfp4") if any(r["model"] == model and r["format"] == f for r in rows)]
+        layers = list(dict.fromkeys(r["layer"] for r in rows if r["model"] == model))
+        fig, axes = plt.subplots(len(fmts), len(layers), figsize=(3.6 * len(layers), 3.0 * len(fmts)), squeeze=False,
+                                 sharex=True)
+        for i, fmt in enumerate(fmts):
+            for j, layer in enumerate(layers):
+                ax = axes[i][j]
+                ms = sorted(mm for (mo, la, fo, mm) in best if mo == model and la == layer and fo == fmt)
+                for kk, style, label in (("decode", "-o", "decode (best config)"), ("prefill", "-s", "prefill (best config)"),
+                                         ("dispatch", "--", "dispatch")):
+                    pts = [(m, best[(model, layer, fmt, m)][kk]["speedup"]) for m in ms
+                           if kk in best[(model, layer, fmt, m)]]
+                    if pts:
+                        kw = dict(lw=2.2, color="black", alpha=0.6) if kk == "dispatch" else dict(ms=3.5)
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, **kw)
+                ax.axhline(1.0, color="gray", lw=0.8)
+                ax.set_xscale("log", base=2)
+                ax.grid(alpha=0.3)
+                ax.set_title(f"{layer} {fmt}", fontsize=9)
+                if j == 0:
+                    ax.set_ylabel("speedup over cuBLAS BF16")
+                if i == len(fmts) - 1:
+                    ax.set_xlabel("m (tokens)")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"{model}: fp4kit decode and prefill kernels on {d['device']} ({d['commit']})", fontsize=10)
+        fig.tight_layout()
+        name = Path(outdir) / f"prefill_speedup_{model}.png"
+        fig.savefig(name, dpi=110)
+        plt.close(fig)
+        print(f"wrote {name}")
+
+
 def plot(runs, outdir):
     import matplotlib
     matplotlib.use("Agg")
@@ -169,6 +332,9 @@ def plot(runs, outdir):
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     for d in runs:
+        if has_prefill(d):
+            plot_prefill(d, outdir)
+            continue
         rows = d["rows"]
         for model in sorted({r["model"] for r in rows}):
             fig, ax = plt.subplots(figsize=(7, 4.2))
