@@ -200,6 +200,29 @@ int main(int argc, char** argv) {
   const int64_t m_max = *std::max_element(ms.begin(), ms.end());
   std::ostringstream rows, tuning;
   int nrows = 0;
+  const std::string date = utc_now();
+  // The JSON, rewritten after every (shape, format) with "complete": false, so a run cut short still
+  // leaves its rows.
+  auto write_json = [&](bool complete) {
+    if (opt["json"].empty()) return true;
+    FILE* fjson = std::fopen(opt["json"].c_str(), "w");
+    if (!fjson) {
+      std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["json"].c_str());
+      return false;
+    }
+    std::fprintf(fjson,
+                 "{\n  \"tool\": \"fp4kit-bench\",\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %zu,\n"
+                 "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"suite\": \"%s\",\n  \"complete\": %s,\n"
+                 "  \"method\": \"CUDA graph of >= 8 calls over rotating weight copies (> 2x L2), median of %d replays; "
+                 "where a graph takes over 2 ms (large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one "
+                 "warm-up: each row's replays, graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; "
+                 "cuBLASLt best of heuristic top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
+                 json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
+                 date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", replays, kBudgetMs,
+                 rows.str().c_str());
+    std::fclose(fjson);
+    return true;
+  };
   std::printf("%-18s %-8s %-6s %5s %9s %9s %9s %8s %8s %7s %8s %7s %s\n", "model", "layer", "format", "m", "us",
               "eager_us", "cublas_us", "speedup", "TB/s", "roof", "TFLOP/s", "check", "config (* = dispatch)");
 
@@ -365,6 +388,7 @@ int main(int argc, char** argv) {
              << find_config(best_cfg)->name << "\n";
       }
       if (yref) CK(cudaFree(yref));
+      if (!write_json(false)) return 2;
       for (void* p : wp) CK(cudaFree(p));
       CK(cudaFree(packed));
       CK(cudaFree(scales));
@@ -387,21 +411,7 @@ int main(int argc, char** argv) {
     std::printf("wrote tuning table %s (load it with FP4KIT_TUNING_TABLE=%s)\n", opt["tune"].c_str(), opt["tune"].c_str());
   }
   if (!opt["json"].empty()) {
-    FILE* fjson = std::fopen(opt["json"].c_str(), "w");
-    if (!fjson) {
-      std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["json"].c_str());
-      return 2;
-    }
-    std::fprintf(fjson,
-                 "{\n  \"tool\": \"fp4kit-bench\",\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %zu,\n"
-                 "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"suite\": \"%s\",\n  \"method\": \"CUDA graph of "
-                 ">= 8 calls over rotating weight copies (> 2x L2), median of %d replays; where a graph takes over 2 ms "
-                 "(large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one warm-up: each row's replays, "
-                 "graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; cuBLASLt best of heuristic "
-                 "top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
-                 json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
-                 utc_now().c_str(), json_escape(opt["suite"]).c_str(), replays, kBudgetMs, rows.str().c_str());
-    std::fclose(fjson);
+    if (!write_json(true)) return 2;
     std::printf("wrote %s\n", opt["json"].c_str());
   }
   return 0;

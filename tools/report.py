@@ -83,7 +83,8 @@ def prefill_summary(d):
     """Text: per (model, format) the speedup of the best decode config, the best prefill config and dispatch's
     pick per layer and m, then the targets."""
     best = best_by_kernel(d)
-    lines = [f"# {Path(d['_path']).name}: {d['device']} commit {d['commit']} {d['date']} (decode / prefill / "
+    partial = " PARTIAL RUN (complete: false)," if d.get("complete") is False else ""
+    lines = [f"# {Path(d['_path']).name}: {d['device']} commit {d['commit']} {d['date']}{partial} (decode / prefill / "
              "dispatch speedup over cuBLAS BF16; D or P: the kernel dispatch picks)"]
     rows = d["all_rows"]
     for model in sorted({r["model"] for r in rows}):
