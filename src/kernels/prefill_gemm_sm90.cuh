@@ -22,8 +22,9 @@
 //   are the A operand, the only wgmma operand that may come from registers: the dequantised FP4 never
 //   touches shared memory, and X (the B operand, 16-bit already) goes straight from TMA to wgmma.
 //   - A warpgroup owns 64 weight rows; warp w of the warpgroup owns one 16-row decode row tile, which is
-//     exactly wgmma's per-warp slice of A, with (we rely on it, and test_prefill_gpu's first case checks
-//     it) the same per-thread fragment layout as mma.m16n8k16's A: rows g, g+8 and k pairs 2t, 2t+8.
+//     exactly wgmma's per-warp slice of A, with (we rely on it; test_gemm_gpu's
+//     gemm_prefill_grid_exact_bitwise checks it) the same per-thread fragment layout as mma.m16n8k16's A:
+//     rows g, g+8 and k pairs 2t, 2t+8.
 //   - The prepacked record of lane t holds 16 *consecutive* K (decode_layout.h: one NVFP4 group per lane,
 //     so one scale per row per chunk), while wgmma's k16 step wants lane t to hold k {2t, 2t+1, 2t+8,
 //     2t+9} of 16 consecutive K of B. The decode kernel lets X follow the weights' K order (it builds its B
