@@ -131,10 +131,13 @@ def clear_tuning_table() -> None:
     _C.clear_tuning_table()
 
 
-def dispatch_config(format: str, act: str, m: int, n: int, k: int, device_name: str) -> str:
-    """The kernel config the GEMM dispatcher picks for this problem on a device of that name, with the
-    reason (tuning-table entry or analytic rule), e.g. for ``torch.cuda.get_device_name()``."""
-    return _C.dispatch_config(format, act, m, n, k, device_name)
+def dispatch_config(format: str, act: str, m: int, n: int, k: int, device_name: str, cc_major: int = 9,
+                    sms: int = 0) -> str:
+    """The kernel config the GEMM dispatcher picks for this problem on a device of that name, compute
+    capability major ``cc_major`` and ``sms`` SMs (0: the H200's 132), with the reason (tuning-table entry
+    or analytic rule), e.g. for ``torch.cuda.get_device_name()`` and
+    ``torch.cuda.get_device_capability()[0]``. Hopper-only kernels are never picked for cc_major != 9."""
+    return _C.dispatch_config(format, act, m, n, k, device_name, cc_major, sms)
 
 
 def cuda_device_count() -> int:

@@ -457,13 +457,15 @@ int cuda_device_count() {
 // Tuning tables (fp4kit/tuning.h): load or clear, and the config the dispatcher would pick.
 void load_tuning_table(const std::string& path) { check(fp4kit::load_tuning_table(path)); }
 std::string dispatch_config_name(const std::string& format, const std::string& act, int64_t m, int64_t n,
-                                 int64_t k, const std::string& device_name) {
+                                 int64_t k, const std::string& device_name, int cc_major, int sms) {
+  if (cc_major < 8) throw nb::value_error(("cc_major: must be >= 8 (got " + std::to_string(cc_major) + ")").c_str());
+  if (sms < 0) throw nb::value_error(("sms: must be >= 0 (got " + std::to_string(sms) + ")").c_str());
   const fp4kit::Format f = parse_format(format);
   if (act != "bfloat16" && act != "float16")
     throw nb::value_error(("act: must be \"bfloat16\" or \"float16\" (got \"" + act + "\")").c_str());
   const fp4kit::DType d = act == "bfloat16" ? fp4kit::DType::kBF16 : fp4kit::DType::kF16;
   std::string why;
-  const int id = fp4kit::dispatch_config(f, d, m, n, k, device_name, &why);
+  const int id = fp4kit::dispatch_config(f, d, m, n, k, device_name, &why, cc_major, sms);
   return std::string(fp4kit::kernel_config_name(id)) + ": " + why;
 }
 
@@ -511,6 +513,7 @@ NB_MODULE(_C, m) {
   m.def("load_tuning_table", &load_tuning_table, "path"_a, "Load a per-GPU tuning table (fp4kit/tuning.h).");
   m.def("clear_tuning_table", &fp4kit::clear_tuning_table, "Forget the loaded tuning table.");
   m.def("dispatch_config", &dispatch_config_name, "format"_a, "act"_a, "m"_a, "n"_a, "k"_a, "device_name"_a,
+        "cc_major"_a = 9, "sms"_a = 0,
         "The kernel config the dispatcher picks on a device of that name, and why.");
   m.def("cuda_device_count", &cuda_device_count, "Number of CUDA devices; 0 without a driver or device.");
 }
