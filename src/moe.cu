@@ -11,15 +11,19 @@
 //                 streams and each touched expert's weights are read once. BF16 experts: the grouped
 //                 BF16 GEMV (moe_bf16_gemm.cuh), one warp per 16-row tile over the whole K, tiles of the
 //                 active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
-//   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out).
+//   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out;
+//                 FP16 saturates its input and output at +-65504, see fp4kit/moe.h).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
+// Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
@@ -98,21 +102,38 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
 }
 
 // ---- 3. activation ---------------------------------------------------------------------------------
-__global__ void moe_activation_kernel(const __nv_bfloat16* h, __nv_bfloat16* a, const int* n_rows, int inter,
-                                      MoEActivation act, GateUpLayout layout, float alpha, float limit) {
+// Element conversions of the activation dtype; FP16 saturates (see fp4kit/moe.h): a gate/up value that
+// overflowed to +-inf in the gate_up epilogue reads as +-65504, and an activation output past the range
+// is written as +-65504, so the down GEMM never sees an infinity. NaN stays NaN (comparisons, not
+// fminf/fmaxf, which would drop it).
+template <typename T> struct Elem;
+template <> struct Elem<__nv_bfloat16> {
+  __device__ __forceinline__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ __forceinline__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Elem<__half> {
+  static constexpr float kMax = 65504.0f;  // the largest finite fp16
+  __device__ __forceinline__ static float sat(float v) { return v > kMax ? kMax : (v < -kMax ? -kMax : v); }
+  __device__ __forceinline__ static float load(__half v) { return sat(__half2float(v)); }
+  __device__ __forceinline__ static __half store(float v) { return __float2half_rn(sat(v)); }
+};
+
+template <typename T>
+__global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, MoEActivation act,
+                                      GateUpLayout layout, float alpha, float limit) {
   const int rows = *n_rows;
   const int64_t total = int64_t(rows) * inter;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / inter;
     const int i = int(idx % inter);
-    const __nv_bfloat16* hr = h + r * 2 * inter;
+    const T* hr = h + r * 2 * inter;
     float g, u;
     if (layout == GateUpLayout::kInterleaved) {
-      g = __bfloat162float(hr[2 * i]);
-      u = __bfloat162float(hr[2 * i + 1]);
+      g = Elem<T>::load(hr[2 * i]);
+      u = Elem<T>::load(hr[2 * i + 1]);
     } else {
-      g = __bfloat162float(hr[i]);
-      u = __bfloat162float(hr[inter + i]);
+      g = Elem<T>::load(hr[i]);
+      u = Elem<T>::load(hr[inter + i]);
     }
     float v;
     if (act == MoEActivation::kSwigluOAI) {
@@ -122,51 +143,69 @@ __global__ void moe_activation_kernel(const __nv_bfloat16* h, __nv_bfloat16* a, 
     } else {
       v = g / (1.0f + expf(-g)) * u;
     }
-    a[idx] = __float2bfloat16_rn(v);
+    a[idx] = Elem<T>::store(v);
   }
 }
 
 // ---- 5. combine ------------------------------------------------------------------------------------
-__global__ void moe_combine_kernel(const __nv_bfloat16* o, const int* row_of_pair, const float* weights, int tokens,
-                                   int top_k, int hidden, __nv_bfloat16* y) {
+// The expert outputs are read as they are (no saturation: an infinite o_tj makes its token's row infinite,
+// as an unfused layer's would), summed in fp32 and rounded once to T.
+template <typename T>
+__global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const float* weights, int tokens, int top_k,
+                                   int hidden, T* y) {
   const int64_t total = int64_t(tokens) * hidden;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(idx / hidden), c = int(idx % hidden);
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j) {
       const int row = row_of_pair[t * top_k + j];
-      acc += row < 0 ? NAN : weights[t * top_k + j] * __bfloat162float(o[int64_t(row) * hidden + c]);
+      acc += row < 0 ? NAN : weights[t * top_k + j] * kernels::Act<T>::to_float(o[int64_t(row) * hidden + c]);
     }
-    y[idx] = __float2bfloat16_rn(acc);
+    y[idx] = kernels::Act<T>::from_float(acc);
   }
 }
 
 // ---- the grouped GEMM kernels ----------------------------------------------------------------------
 // The config table's first entry for each n_tiles and pipeline (the dispatcher's default for small
-// layers), instantiated in grouped mode with BF16 activations.
+// layers), instantiated in grouped mode for BF16 and FP16 activations.
 using GroupedFn = detail::DecodeKernelFn;
 
-constexpr int first_index(int n_tiles, int pipeline) {
+constexpr int first_index(int n_tiles, int pipeline, int row_tiles = 0) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == pipeline) return i;
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == pipeline &&
+        (row_tiles == 0 || kKernelConfigs[i].row_tiles == row_tiles))
+      return i;
   return -1;
 }
-template <Format F, int NT, int P>
-GroupedFn grouped_instance() {
-  return detail::decode_kernel_of<F, __nv_bfloat16, size_t(first_index(NT, P)), true>();
+// The entry a grouped GEMM runs for (n_tiles, pipeline, activation dtype). FP16 at 32 tokens per pass takes
+// the first entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in
+// grouped mode with NVFP4 and FP16 (ptxas, 128 registers under its launch bounds); BF16 does not.
+constexpr int grouped_index(int n_tiles, int pipeline, bool f16) {
+  return f16 && n_tiles == 4 && first_index(4, pipeline, 1) >= 0 ? first_index(4, pipeline, 1)
+                                                                  : first_index(n_tiles, pipeline);
 }
-template <Format F, int P>
+template <Format F, typename T, int NT, int P>
+GroupedFn grouped_instance() {
+  constexpr int i = grouped_index(NT, P, std::is_same<T, __half>::value);
+  static_assert(i >= 0, "the config table has no decode entry for this n_tiles and pipeline");
+  return detail::decode_kernel_of<F, T, size_t(i), true>();
+}
+template <Format F, typename T, int P>
 GroupedFn grouped_kernel(int n_tiles) {
   switch (n_tiles) {
-    case 1: return grouped_instance<F, 1, P>();
-    case 2: return grouped_instance<F, 2, P>();
-    case 4: return grouped_instance<F, 4, P>();
-    default: return grouped_instance<F, 8, P>();
+    case 1: return grouped_instance<F, T, 1, P>();
+    case 2: return grouped_instance<F, T, 2, P>();
+    case 4: return grouped_instance<F, T, 4, P>();
+    default: return grouped_instance<F, T, 8, P>();
   }
 }
-template <int P>
+template <typename T, int P>
 GroupedFn grouped_kernel(Format f, int n_tiles) {
-  return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, P>(n_tiles) : grouped_kernel<Format::kMXFP4, P>(n_tiles);
+  return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, T, P>(n_tiles) : grouped_kernel<Format::kMXFP4, T, P>(n_tiles);
+}
+template <int P>
+GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
+  return act == DType::kF16 ? grouped_kernel<__half, P>(f, n_tiles) : grouped_kernel<__nv_bfloat16, P>(f, n_tiles);
 }
 int n_tiles_for(int64_t tokens) {
   const int64_t t = std::min<int64_t>(tokens, kPassTokens);
@@ -184,14 +223,15 @@ struct GroupedPlan {
   int sms = 0;
 };
 
-Status plan_grouped(const ExpertWeights& w, int max_active, int n_tiles, GroupedPlan* out) {
+Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, GroupedPlan* out) {
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
   // The register ring: the bulk pipeline measured slower here (gpt-oss-120b MXFP4, T = 4: 115 vs 96 us at
   // 0773a97): MoE segments are short and 8 consumer warps per CTA issue fewer dequantisations per SM.
   FP4KIT_RETURN_IF_ERROR(
-      detail::make_plan(8 * n_tiles, pw, DType::kBF16, kKernelConfigs[first_index(n_tiles, kRing)].id, &p.dense));
-  p.fn = grouped_kernel<kRing>(w.format, n_tiles);
+      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles, kRing, act == DType::kF16)].id,
+                        &p.dense));
+  p.fn = grouped_kernel<kRing>(w.format, act, n_tiles);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
@@ -254,8 +294,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
     p.sms = p.bgu.sms;
   } else {
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, p.max_active, n_tiles, &p.gu));
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, p.max_active, n_tiles, &p.dn));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_active, n_tiles, &p.gu));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_active, n_tiles, &p.dn));
     p.sms = p.gu.sms;
   }
   const size_t ints = 1 + size_t(a.num_experts + 1) + 2 * size_t(a.num_experts) + 2 * size_t(p.pairs);
@@ -263,11 +303,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.ints_off = off;
   off = align256(off + ints * sizeof(int));
   p.h_off = off;
-  off = align256(off + size_t(p.pairs) * 2 * a.inter * 2);
+  const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o are of the activation dtype
+  off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
   p.a_off = off;
-  off = align256(off + size_t(p.pairs) * a.inter * 2);
+  off = align256(off + size_t(p.pairs) * a.inter * eb);
   p.o_off = off;
-  off = align256(off + size_t(p.pairs) * a.hidden * 2);
+  off = align256(off + size_t(p.pairs) * a.hidden * eb);
   p.counters_off = off;
   if (!p.bf16) {  // the BF16 GEMV has no split-K: no arrival counters, no partials
     p.counters_bytes =
@@ -339,8 +380,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
   if (a.top_k < 1 || a.top_k > a.num_experts)
     return Status::Invalid("top_k: must be in [1, num_experts = " + std::to_string(a.num_experts) + "] (got " +
                            std::to_string(a.top_k) + ")");
-  if (a.act != DType::kBF16)
-    return Status::Unsupported(std::string("act: the MoE op supports bfloat16 activations (got ") + dtype_name(a.act) + ")");
+  if (a.act != DType::kBF16 && a.act != DType::kF16)
+    return Status::Invalid(std::string("act: must be bfloat16 or float16 (got ") + dtype_name(a.act) + ")");
   if (a.hidden < 1 || a.inter < 1)
     return Status::Invalid("hidden, inter: must be >= 1 (got " + str(a.hidden) + ", " + str(a.inter) + ")");
   if (a.hidden % 8 != 0 || a.inter % 8 != 0)
@@ -348,6 +389,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
                            str(a.inter) + ")");
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up));
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up));
+  if (bf16_kind(a.gate_up) && a.act != DType::kBF16)
+    return Status::Invalid(std::string("act: BF16 experts take bfloat16 activations (got ") + dtype_name(a.act) + ")");
   if (a.activation != MoEActivation::kSiluAndMul && a.activation != MoEActivation::kSwigluOAI)
     return Status::Invalid("activation: must be silu_and_mul or swiglu_oai");
   if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
@@ -406,19 +449,19 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   b.cursor = b.active + E;
   b.row_of_pair = b.cursor + E;
   b.token_of_row = b.row_of_pair + plan.pairs;
-  auto* h = reinterpret_cast<__nv_bfloat16*>(ws + plan.h_off);
-  auto* act = reinterpret_cast<__nv_bfloat16*>(ws + plan.a_off);
-  auto* o = reinterpret_cast<__nv_bfloat16*>(ws + plan.o_off);
+  void* h = ws + plan.h_off;  // intermediates of the activation dtype
+  void* act = ws + plan.a_off;
+  void* o = ws + plan.o_off;
   int* counters = reinterpret_cast<int*>(ws + plan.counters_off);
   float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
     const PackedLayout& l = gp.dense.layout;
-    kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups);
+    kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups, gp.dense.unit_chunks);
     p.x = x;
     p.y = y;
     p.x_rows = x_rows;
-    p.units = 0;  // grouped: n_active * row_groups * k_macros, read on the device
+    p.units = 0;  // grouped: n_active * row_groups * k_units, read on the device
     p.counters = counters;
     p.partials = partials;
     GroupedSchedule& s = p.grouped;
@@ -451,22 +494,42 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     bp.fn<<<bp.grid, kernels::kBf16Warps * 32, 0, stream>>>(p);
   };
   const int ew_blocks = std::max(1, plan.sms) * 4;  // element-wise kernels: grid-stride loops
+  const bool f16 = a.act == DType::kF16;
+  const int64_t eb = dtype_bytes(a.act);
+  auto launch_activation = [&] {
+    if (f16)
+      moe_activation_kernel<__half><<<ew_blocks, 256, 0, stream>>>(
+          static_cast<const __half*>(h), static_cast<__half*>(act), b.offset + E, int(a.inter), a.activation,
+          a.layout, a.alpha, a.limit);
+    else
+      moe_activation_kernel<__nv_bfloat16><<<ew_blocks, 256, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), b.offset + E, int(a.inter),
+          a.activation, a.layout, a.alpha, a.limit);
+  };
+  auto launch_combine = [&](int64_t t0, int tokens, void* y) {
+    const float* w = a.topk_weights + t0 * a.top_k;
+    if (f16)
+      moe_combine_kernel<__half><<<ew_blocks, 256, 0, stream>>>(static_cast<const __half*>(o), b.row_of_pair, w, tokens,
+                                                               a.top_k, int(a.hidden), static_cast<__half*>(y));
+    else
+      moe_combine_kernel<__nv_bfloat16><<<ew_blocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(o),
+                                                                      b.row_of_pair, w, tokens, a.top_k,
+                                                                      int(a.hidden), static_cast<__nv_bfloat16*>(y));
+  };
 
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
     const int tokens = int(std::min<int64_t>(kPassTokens, a.tokens - t0));
     const int pairs = tokens * a.top_k;
-    const auto* x = static_cast<const __nv_bfloat16*>(a.x) + t0 * a.hidden;
-    auto* y = static_cast<__nv_bfloat16*>(a.y) + t0 * a.hidden;
+    const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
+    void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b,
                                                                     counters, int(plan.counters_bytes / sizeof(int)));
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
     else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
-    moe_activation_kernel<<<ew_blocks, 256, 0, stream>>>(h, act, b.offset + E, int(a.inter), a.activation, a.layout,
-                                                        a.alpha, a.limit);
+    launch_activation();
     if (plan.bf16) launch_bf16(plan.bdn, a.down, act, nullptr, o);
     else launch_grouped(plan.dn, a.down, act, nullptr, o);
-    moe_combine_kernel<<<ew_blocks, 256, 0, stream>>>(o, b.row_of_pair, a.topk_weights + t0 * a.top_k, tokens, a.top_k,
-                                                     int(a.hidden), y);
+    launch_combine(t0, tokens, y);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("fused_moe launch: ") + cudaGetErrorString(e));

@@ -78,9 +78,11 @@ int main(int argc, char** argv) {
   const double ghz = khz * 1e-6;  // clock64 ticks per ns
   const int m = std::atoi(opt["m"].c_str());
   const int runs = std::atoi(opt["runs"].c_str());
-  // The two traced kernels; --config may name any table entry with the same template parameters.
-  const KernelConfig* k1 = find_config(0);  // m8_r1_w8_b3_c8x1
-  const KernelConfig* k16 = find_config(4); // m16_r1_w8_b2_c4x2
+  // The traced kernels (those of entries 0, 1, 2, 4); --config may name any table entry with the same
+  // template parameters (e.g. a variant with smaller stream-K units).
+  struct Traced { int id; Fn fn; };
+  const Traced traced[] = {{0, trace_kernel<1, 1, 8, 3, 8, 1>()}, {1, trace_kernel<1, 1, 8, 3, 4, 2>()},
+                           {2, trace_kernel<1, 1, 8, 3, 2, 4>()}, {4, trace_kernel<2, 1, 8, 2, 4, 2>()}};
   const int cfg_id = opt["config"].empty() ? (m <= 8 ? 0 : 4) : std::atoi(opt["config"].c_str());
   const KernelConfig* cfg = find_config(cfg_id);
   auto same = [](const KernelConfig* a, const KernelConfig* b) {
@@ -88,15 +90,17 @@ int main(int argc, char** argv) {
            a->min_blocks == b->min_blocks && a->chunks == b->chunks && a->stages == b->stages &&
            a->pipeline == b->pipeline;
   };
-  if (!same(cfg, k1) && !same(cfg, k16)) {
-    std::fprintf(stderr, "fp4kit-trace-decode: --config must be a variant of %s or %s\n", k1->name, k16->name);
+  Fn fn = nullptr;
+  for (const Traced& tk : traced)
+    if (same(cfg, find_config(tk.id))) fn = tk.fn;
+  if (!fn) {
+    std::fprintf(stderr, "fp4kit-trace-decode: --config must be a variant of table entries 0, 1, 2 or 4\n");
     return 2;
   }
   if (8 * cfg->n_tiles < m) {
     std::fprintf(stderr, "fp4kit-trace-decode: config %s serves m <= %d\n", cfg->name, 8 * cfg->n_tiles);
     return 2;
   }
-  const Fn fn = same(cfg, k1) ? trace_kernel<1, 1, 8, 3, 8, 1>() : trace_kernel<2, 1, 8, 2, 4, 2>();
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, config %s, SM clock %.2f GHz; times in us (medians)\n", prop.name, m, cfg->name, ghz);
@@ -131,7 +135,7 @@ int main(int argc, char** argv) {
     }
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
     auto launch = [&](int i) {
-      kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups);
+      kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups, plan.unit_chunks);
       const uint8_t* base = static_cast<const uint8_t*>(wp[size_t(i % copies)]);
       p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
       p.scales = base + l.scales_offset;
