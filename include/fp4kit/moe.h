@@ -7,8 +7,8 @@
 //   Y[t] = sum_j w * o_tj  (fp32, slots in order j = 0..top_k-1), cast to the activation dtype.
 //
 // Contract:
-//   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16), 16-byte aligned; topk_ids int32 [T, top_k] and
-//     topk_weights float32 [T, top_k], device memory.
+//   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16 or kF16; BF16 experts: kBF16 only), 16-byte
+//     aligned; topk_ids int32 [T, top_k] and topk_weights float32 [T, top_k], device memory.
 //   - Experts, one of two kinds (ExpertWeights::kind; gate_up and down of the same kind):
 //       kFP4:  each of the E experts' matrices prepacked (prepack_*) for the same (format, n, k), stored
 //              `stride` bytes apart from `data` (256-byte aligned; stride a multiple of 256, at least
@@ -17,10 +17,22 @@
 //              stored `stride` bytes apart from `data` (16-byte aligned; stride a multiple of 16, at least
 //              n * k * 2: a contiguous [E, n, k] tensor has stride n * k * 2). `format` is ignored.
 //     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act`.
+//     FP4 experts with FP16 activations: the dequantisation is the dense FP16 GEMM's (gemm.h; MXFP4 block
+//     scales applied in fp32 before the cast, see README for blocks far below their row's largest).
 //     BF16 experts run through a grouped BF16 x BF16 tensor-core GEMV (one warp per 16 weight rows over
 //     the whole K, fp32 accumulation), driven by the same device-side schedule as the FP4 path.
-//   - The h and a intermediates are rounded to `act` (as an unfused BF16 layer would); o_tj is rounded to
-//     `act` before the fp32 weighted sum.
+//   - The h and a intermediates are rounded to `act` (as an unfused layer of that dtype would); o_tj is
+//     rounded to `act` before the fp32 weighted sum.
+//   - FP16 range (|v| <= 65504; BF16 has fp32's range): h and a stay FP16 and saturate instead of
+//     overflowing. An h value past the range (the gate_up epilogue's cast made it +-inf) is read by the
+//     activation as +-65504, and an activation output past the range is written as +-65504 (NaN stays NaN),
+//     so the down GEMM never meets an infinity. This is exact for swiglu_oai (its clamps, +-limit, lie
+//     inside the range, and a gate at -65504 gives 0, as at -inf) and for silu gates <= -65504 (output 0);
+//     only a silu_and_mul product whose true value exceeds the FP16 range is changed (to +-65504), i.e. a
+//     layer an unfused FP16 implementation could not represent either. o_tj and Y are not saturated: past
+//     the range they are +-inf, as the output of an unfused FP16 down projection would be. Use FP16 for
+//     models whose MoE activations fit in it (what FP16 checkpoints were trained for); otherwise BF16.
+//     (fp32 h would need the grouped GEMM to write fp32 outputs, which it does not.)
 //   - An id outside [0, E), or an id a token lists twice, cannot be reported without a host
 //     synchronisation: that token's output row is NaN (every other token is computed normally).
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives

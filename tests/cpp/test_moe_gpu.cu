@@ -1,12 +1,15 @@
 // test_moe_gpu.cu: the fused MoE layer (fp4kit/moe.h) against a spec-level reference: experts
-// dequantized with formats.h, fp64 GEMMs, the activation in fp64, and the same BF16 roundings the op
-// documents (h, a and each expert output rounded to BF16, then the fp32 weighted sum in slot order).
+// dequantized with formats.h, fp64 GEMMs, the activation in fp64, and the same roundings the op documents
+// (h, a and each expert output rounded to the activation dtype, then the fp32 weighted sum in slot order;
+// FP16: h and a saturated at +-65504).
 //
 // Fresh random data each run (seed printed), NaN-poisoned outputs, shapes off every tile, both FP4 formats
 // and BF16 experts (plain row-major [n, k], tight and padded expert strides), both activations and
 // gate/up layouts, biases, skewed and single-expert routing, experts with no tokens, T = 1 .. 100 (more
 // than one 64-token pass), top-k 1 .. 8, bad and duplicate ids (NaN rows), determinism, and the
-// validator's messages.
+// validator's messages. FP16 activations (FP4 experts): both formats and activations, biases, T = 1 .. 100,
+// the gpt-oss shape, and gate/up values past the FP16 range (saturation), against the dense FP16 GEMM
+// tests' gate (rel-L2 < 2e-3, cosine > 0.999).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,11 +41,14 @@ bool quick() { return std::getenv("FP4KIT_TEST_QUICK") != nullptr; }
   } while (0)
 
 float bf16_round(double v) { return fp4test::from_bits(fp4test::to_bits(float(v), true), true); }
+float f16_round(double v) { return fp4test::from_bits(fp4test::to_bits(float(v), false), false); }
+// The op's FP16 saturation (fp4kit/moe.h): +-inf and values past +-65504 become +-65504, NaN stays NaN.
+double f16_sat(double v) { return v > 65504.0 ? 65504.0 : v < -65504.0 ? -65504.0 : v; }
 
 // E experts of [n, k], prepacked on the host, stacked `stride` bytes apart on the device.
 struct Experts {
   std::vector<std::vector<float>> w;  // dequantized [n, k] per expert
-  std::vector<float> bias;            // [E, n] (bf16-exact) or empty
+  std::vector<float> bias;            // [E, n] (exact in the activation dtype) or empty
   ExpertWeights dev;
   void* buf = nullptr;
   void* dbias = nullptr;
@@ -73,25 +79,49 @@ void make_bf16_experts(Experts& ex, int E, int64_t n, int64_t k, size_t pad) {
   ex.dev.kind = ExpertKind::kBF16;
 }
 
-void make_bias(Experts& ex, int E, int64_t n) {
+// Biases in [-1, 1] of the activation dtype; `huge(row)` (optional) overrides a row's value in every expert
+// (the saturation test: +-65504, the largest finite fp16).
+void make_bias(Experts& ex, int E, int64_t n, bool bf16 = true, float (*huge)(int64_t, int64_t) = nullptr,
+               int64_t huge_arg = 0) {
   std::uniform_real_distribution<float> ud(-1, 1);
   std::vector<uint16_t> bits;
   for (int64_t i = 0; i < E * n; ++i) {
-    ex.bias.push_back(bf16_round(ud(rng())));
-    bits.push_back(fp4test::to_bits(ex.bias.back(), true));
+    float v = ud(rng());
+    if (huge && huge(i % n, huge_arg) != 0.0f) v = huge(i % n, huge_arg);
+    bits.push_back(fp4test::to_bits(v, bf16));
+    ex.bias.push_back(fp4test::from_bits(bits.back(), bf16));
   }
   CUDA_OK(cudaMalloc(&ex.dbias, bits.size() * 2));
   CUDA_OK(cudaMemcpy(ex.dbias, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
   ex.dev.bias = ex.dbias;
 }
 
-void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_bias) {
+// rms_target > 0: every expert's weights are rescaled to about that rms (MXFP4: all block scales shifted by
+// one power of two; NVFP4: the tensor scale), keeping the random spread of block scales. The FP16 cases need
+// it: the raw random weights (MXFP4 rms ~15) would take h, a and o past the FP16 range.
+void rescale(CkptWeight& w, double rms_target) {
+  const auto d = fp4test::dequant(w);
+  double ss = 0;
+  for (float v : d) ss += double(v) * v;
+  const double rms = std::sqrt(ss / double(std::max<size_t>(1, d.size())));
+  if (!(rms > 0)) return;
+  if (w.format == Format::kNVFP4) {
+    w.tensor_scale = float(w.tensor_scale * rms_target / rms);
+  } else {
+    const int shift = int(std::lround(std::log2(rms_target / rms)));
+    for (auto& s : w.scales) s = uint8_t(std::min(254, std::max(0, int(s) + shift)));
+  }
+}
+
+void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_bias, double rms_target = 0,
+                  bool bf16 = true) {
   PackedLayout l;
   CHECK_OK(packed_layout(f, n, k, &l));
   const size_t stride = (l.total_bytes + 255) / 256 * 256;
   std::vector<uint8_t> host(stride * E, 0);
   for (int e = 0; e < E; ++e) {
     CkptWeight w = fp4test::random_weight(f, n, k, rng());
+    if (rms_target > 0) rescale(w, rms_target);
     PrepackArgs a;
     a.format = f;
     a.n = n;
@@ -106,11 +136,13 @@ void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_
   CUDA_OK(cudaMalloc(&ex.buf, host.size()));
   CUDA_OK(cudaMemcpy(ex.buf, host.data(), host.size(), cudaMemcpyHostToDevice));
   ex.dev = ExpertWeights{f, n, k, ex.buf, stride, nullptr};
-  if (with_bias) make_bias(ex, E, n);
+  if (with_bias) make_bias(ex, E, n, bf16);
 }
 
 struct Case {
   Format f = Format::kMXFP4;
+  bool f16 = false;    // FP16 activations (x, y, biases, intermediates); default BF16
+  bool huge_bias = false;  // FP16: gate_up bias rows at +-65504 (h past the FP16 range, see huge_row)
   bool bf16 = false;   // BF16 experts (f ignored)
   size_t bf16_pad = 0; // extra bytes between BF16 experts
   int E = 8, top_k = 2;
@@ -176,6 +208,7 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   a.down = dn.dev;
   a.activation = c.act;
   a.layout = c.layout;
+  a.act = c.f16 ? DType::kF16 : DType::kBF16;
   a.y = dy;
   size_t bytes = 0;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
@@ -189,7 +222,7 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   Result r;
   r.bits.resize(xb.size());
   CUDA_OK(cudaMemcpy(r.bits.data(), dy, xb.size() * 2, cudaMemcpyDeviceToHost));
-  for (uint16_t b : r.bits) r.y.push_back(fp4test::from_bits(b, true));
+  for (uint16_t b : r.bits) r.y.push_back(fp4test::from_bits(b, !c.f16));
   cudaFree(dx);
   cudaFree(dy);
   cudaFree(dids);
@@ -198,9 +231,32 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   return r;
 }
 
+// The saturation case's gate_up bias rows (arg: I << 2 | interleaved << 1 | swiglu): swiglu_oai: every
+// third row (gate or up) at +-65504, so about half of them overflow to +-inf in the gate_up epilogue and
+// every one is clamped to +-limit; silu: every third gate row at -65504 (silu of it is 0). Both are exact
+// under the op's saturation (fp4kit/moe.h); without it a gate at -inf would make NaN.
+float huge_row(int64_t r, int64_t arg) {
+  const int64_t inter = arg >> 2;
+  const bool il = (arg >> 1) & 1, swiglu = arg & 1;
+  if (r % 3 != 0) return 0.0f;
+  if (swiglu) return (r / 3) % 2 ? 65504.0f : -65504.0f;
+  const bool gate = il ? r % 2 == 0 : r < inter;
+  return gate ? -65504.0f : 0.0f;
+}
+
 void check_case(const Case& c) {
   Experts gu, dn;
-  if (c.bf16) {
+  if (c.f16) {
+    // Weights of rms 2 / sqrt(H) (gate_up) and 1 / sqrt(I) (down): h ~ 2 for x ~ N(0, 1), as in real layers.
+    make_experts(gu, c.f, c.E, 2 * c.I, c.H, false, 2.0 / std::sqrt(double(c.H)));
+    make_experts(dn, c.f, c.E, c.H, c.I, false, 1.0 / std::sqrt(double(c.I)));
+    if (c.bias || c.huge_bias) {
+      const int64_t arg = c.I << 2 | int64_t(c.layout == GateUpLayout::kInterleaved) << 1 |
+                          int64_t(c.act == MoEActivation::kSwigluOAI);
+      make_bias(gu, c.E, 2 * c.I, false, c.huge_bias ? huge_row : nullptr, arg);
+      make_bias(dn, c.E, c.H, false);
+    }
+  } else if (c.bf16) {
     make_bf16_experts(gu, c.E, 2 * c.I, c.H, c.bf16_pad);
     make_bf16_experts(dn, c.E, c.H, c.I, c.bf16_pad);
     if (c.bias) {
@@ -215,9 +271,13 @@ void check_case(const Case& c) {
   std::vector<uint16_t> xb(size_t(c.T * c.H));
   std::vector<float> x(xb.size());
   for (size_t i = 0; i < xb.size(); ++i) {
-    xb[i] = fp4test::to_bits(nd(rng()), true);
-    x[i] = fp4test::from_bits(xb[i], true);
+    xb[i] = fp4test::to_bits(nd(rng()), !c.f16);
+    x[i] = fp4test::from_bits(xb[i], !c.f16);
   }
+  // The op's roundings: BF16, or FP16 with h and a saturated (o is not: see fp4kit/moe.h).
+  auto round_h = [&](double v) { return c.f16 ? float(f16_sat(f16_round(v))) : bf16_round(v); };
+  auto round_a = [&](double v) { return c.f16 ? f16_round(f16_sat(v)) : bf16_round(v); };
+  auto round_o = [&](double v) { return c.f16 ? f16_round(v) : bf16_round(v); };
   const auto ids = make_ids(c);
   std::vector<float> wts(ids.size());
   std::uniform_real_distribution<float> ud(0.05f, 1.0f);
@@ -240,19 +300,19 @@ void check_case(const Case& c) {
       const auto& wd = dn.w[size_t(e)];
       std::vector<float> h(size_t(2 * c.I)), av(size_t(c.I));
       for (int64_t r = 0; r < 2 * c.I; ++r) {
-        double s = c.bias ? gu.bias[size_t(e * 2 * c.I + r)] : 0.0;
+        double s = gu.bias.empty() ? 0.0 : gu.bias[size_t(e * 2 * c.I + r)];
         for (int64_t kk = 0; kk < c.H; ++kk) s += double(x[size_t(t * c.H + kk)]) * wg[size_t(r * c.H + kk)];
-        h[size_t(r)] = bf16_round(s);
+        h[size_t(r)] = round_h(s);
       }
       for (int64_t i = 0; i < c.I; ++i) {
         const bool il = c.layout == GateUpLayout::kInterleaved;
         const double g = h[size_t(il ? 2 * i : i)], u = h[size_t(il ? 2 * i + 1 : c.I + i)];
-        av[size_t(i)] = bf16_round(act_ref(g, u, c));
+        av[size_t(i)] = round_a(act_ref(g, u, c));
       }
       for (int64_t r = 0; r < c.H; ++r) {
-        double s = c.bias ? dn.bias[size_t(e * c.H + r)] : 0.0;
+        double s = dn.bias.empty() ? 0.0 : dn.bias[size_t(e * c.H + r)];
         for (int64_t i = 0; i < c.I; ++i) s += double(av[size_t(i)]) * wd[size_t(r * c.I + i)];
-        acc[size_t(r)] += double(wts[size_t(t * c.top_k + j)]) * bf16_round(s);
+        acc[size_t(r)] += double(wts[size_t(t * c.top_k + j)]) * round_o(s);
       }
     }
     for (int64_t r = 0; r < c.H; ++r) ref[size_t(t * c.H + r)] = acc[size_t(r)];
@@ -276,9 +336,11 @@ void check_case(const Case& c) {
   const auto cmp = fp4test::compare(ref_ok, got_ok);
   int64_t n_nan_rows = 0;
   for (bool b : nan_row) n_nan_rows += b;
-  CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < 1e-2 && cmp.cosine > 0.999)) &&
+  const double tol = c.f16 ? 2e-3 : 1e-2;  // the dense GEMM tests' gates (test_gemm_gpu)
+  CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < tol && cmp.cosine > 0.999)) &&
                 nan_ok == n_nan_rows * c.H,
-            (c.bf16 ? "bf16" : format_name(c.f)) << " E=" << c.E << " k=" << c.top_k << " T=" << c.T << " H=" << c.H << " I=" << c.I
+            (c.bf16 ? "bf16" : format_name(c.f)) << (c.f16 ? " fp16" : " bf16-act") << (c.huge_bias ? " huge-bias" : "")
+                             << " E=" << c.E << " k=" << c.top_k << " T=" << c.T << " H=" << c.H << " I=" << c.I
                              << " act=" << int(c.act) << " layout=" << int(c.layout) << " bias=" << c.bias
                              << " routing=" << int(c.routing) << ": rel_l2=" << cmp.rel_l2 << " cos=" << cmp.cosine
                              << " nonfinite=" << nan_bad << " nan rows " << nan_ok / std::max<int64_t>(1, c.H) << "/"
@@ -365,6 +427,64 @@ TEST(moe_bf16_bad_ids_give_nan_rows) {
   check_case(c);
 }
 
+// FP16 activations (FP4 experts only: BF16 experts take BF16). Both formats and activations, biases on
+// most cases, T = 1 (one token), 37 (skewed routing), 64 (one full pass) and 100 (two passes).
+TEST(moe_fp16_matches_reference) {
+  const std::vector<int64_t> ts = quick() ? std::vector<int64_t>{1, 37} : std::vector<int64_t>{1, 37, 64, 100};
+  for (Format f : {Format::kMXFP4, Format::kNVFP4})
+    for (int64_t T : ts)
+      for (MoEActivation act : {MoEActivation::kSiluAndMul, MoEActivation::kSwigluOAI}) {
+        Case c;
+        c.f16 = true;
+        c.f = f;
+        c.T = T;
+        c.top_k = T == 1 ? 4 : T == 37 ? 2 : T == 64 ? 8 : 4;
+        c.E = c.top_k == 8 ? 32 : 8 + 4 * c.top_k;
+        c.act = act;
+        c.layout = act == MoEActivation::kSwigluOAI ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+        c.bias = act == MoEActivation::kSwigluOAI || T % 2 == 1;
+        c.routing = T == 37 ? Case::kSkewed : Case::kRandom;
+        check_case(c);
+      }
+}
+
+// FP16 with gate/up values past the FP16 range (bias rows at +-65504, see huge_row): the saturation of
+// fp4kit/moe.h keeps every output finite and equal to the reference's.
+TEST(moe_fp16_saturates_out_of_range_gate_up) {
+  for (Format f : {Format::kMXFP4, Format::kNVFP4})
+    for (MoEActivation act : {MoEActivation::kSwigluOAI, MoEActivation::kSiluAndMul}) {
+      Case c;
+      c.f16 = true;
+      c.huge_bias = true;
+      c.f = f;
+      c.T = 9;
+      c.top_k = 2;
+      c.E = 8;
+      c.act = act;
+      c.layout = act == MoEActivation::kSwigluOAI ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+      check_case(c);
+      if (quick()) break;
+    }
+}
+
+TEST(moe_fp16_gpt_oss_shape) {  // H = I = 2880 (not a multiple of 512), SwiGLU, interleaved, biases, FP16
+  for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+    Case c;
+    c.f16 = true;
+    c.f = f;
+    c.E = 8;
+    c.top_k = 4;
+    c.T = 3;
+    c.H = 2880;
+    c.I = 2880;
+    c.act = MoEActivation::kSwigluOAI;
+    c.layout = GateUpLayout::kInterleaved;
+    c.bias = true;
+    check_case(c);
+    if (quick()) break;
+  }
+}
+
 TEST(moe_gpt_oss_shape) {  // H = I = 2880 (not a multiple of 512), SwiGLU, interleaved, biases
   Case c;
   c.E = 8;
@@ -409,8 +529,14 @@ TEST(moe_validator_messages) {
   b.tokens = 0;
   CHECK_ERROR(moe_validate(b), "tokens: must be >= 1");
   b = a;
-  b.act = DType::kF16;
-  CHECK_ERROR(moe_validate(b), "act: the MoE op supports bfloat16");
+  b.act = DType::kF32;
+  CHECK_ERROR(moe_validate(b), "act: must be bfloat16 or float16 (got float32)");
+  b = a;
+  b.act = DType::kF16;  // FP4 experts take FP16 activations: the next rule is the data pointer's
+  CHECK_ERROR(moe_validate(b), "gate_up.data: must not be null");
+  size_t bytes = 0;
+  CHECK_OK(moe_workspace_bytes(b, &bytes));
+  CHECK(bytes > 0);
   b = a;
   b.down.n = 32;
   CHECK_ERROR(moe_validate(b), "down: shape must be [64, 64] per expert");
@@ -468,7 +594,11 @@ TEST(moe_bf16_validator_messages) {
   CHECK_ERROR(moe_validate(b), "down: shape must be [64, 32] per expert (got [64, 64])");
   b = a;
   b.act = DType::kF16;
-  CHECK_ERROR(moe_validate(b), "act: the MoE op supports bfloat16");
+  CHECK_ERROR(moe_validate(b), "act: BF16 experts take bfloat16 activations (got float16)");
+  CHECK_ERROR(moe_workspace_bytes(b, &bytes), "act: BF16 experts take bfloat16 activations (got float16)");
+  b = a;
+  b.act = DType::kF32;
+  CHECK_ERROR(moe_validate(b), "act: must be bfloat16 or float16 (got float32)");
   b = a;
   b.workspace = nullptr;
   CHECK_ERROR(moe_validate(b), "workspace: must be a non-null, 16-byte aligned pointer");
