@@ -332,7 +332,8 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     GEMM. activation "silu" (silu_and_mul) or "swiglu_oai" (alpha, limit); layout "concatenated" or
     "interleaved" for gate_up's rows (and b_gate_up). Math in float32 as the kernel does: the activation output
     is rounded to intermediate_dtype (default: x's dtype when 16-bit, else bfloat16; pass torch.float32 for
-    none), the weighted sum over the top-k slots is taken in slot order, then Y is rounded to x's dtype."""
+    none; float16 saturates at +-65504 as the kernel does, see fp4kit/moe.h), the weighted sum over the top-k
+    slots is taken in slot order, then Y is rounded to x's dtype."""
     _float_tensor(x, "x", 2)
     t, h = int(x.shape[0]), int(x.shape[1])
     if activation not in ACTIVATIONS:
@@ -375,6 +376,8 @@ def moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         if bgu is not None:
             hid = hid + bgu[ex]
         act = silu_and_mul(hid, layout) if activation == "silu" else swiglu_oai(hid, alpha, limit, layout)
+        if intermediate_dtype == torch.float16:  # the kernel saturates (clamp keeps NaN)
+            act = act.clamp(-65504.0, 65504.0)
         y = act.to(intermediate_dtype).float() @ wd.T
         if bd is not None:
             y = y + bd[ex]
@@ -470,7 +473,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """The MoE layer for given routing: Y[t] = sum_j topk_weights[t, j] * down_e(act(gate_up_e(x[t]))), e =
     topk_ids[t, j] (see moe_reference), through torch.ops.fp4kit.fused_moe. Returns a new Y [T, H], x's dtype.
 
-    x bfloat16 [T, H], contiguous; topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
+    x bfloat16 or float16 [T, H], contiguous (float16 with FP4 experts only); topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
     route_sigmoid_grouped_topk return both); w_gate_up, w_down: stack_experts() buffers of the E experts' gate_up
     (2I x H) and down (H x I) weights, both in `format`: "nvfp4" or "mxfp4" (uint8 [E, stride], prepacked), or
     "bf16" (bfloat16 [E, 2I, H] and [E, H, I], contiguous, row-major as checkpoints ship them; H and I
@@ -483,7 +486,9 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     CUDA: the fused kernels on the current stream; no host synchronisation and no allocation other than Y (and
     the zero-filled workspace, once per stream), so it can be captured in a CUDA graph and compiled with
     torch.compile(fullgraph=True). The h and activation intermediates and each expert's output are rounded to
-    bfloat16 (as unfused bfloat16 layers would). A token with an expert id outside [0, E), or with one expert in
+    x's dtype (as unfused layers of that dtype would); in float16, h and the activation output saturate at
+    +-65504 instead of overflowing (exact for swiglu_oai, whose clamps lie inside the range; see
+    include/fp4kit/moe.h), each expert's output and Y do not. A token with an expert id outside [0, E), or with one expert in
     two of its slots, gets a NaN row (reporting it would need a host synchronisation); the other tokens are
     unaffected. CPU: moe_reference on the dequantized (or bfloat16) experts (same rules, same errors, same NaN
     rows).

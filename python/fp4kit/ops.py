@@ -167,12 +167,15 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
     what = "8 (16-byte rows of bf16 experts)" if bf16 else f"the {format} group size {g}"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: must be a torch.Tensor (got {type(x).__name__})")
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"x: dtype must be torch.bfloat16 (float16 MoE is not supported yet; got {x.dtype})")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"x: dtype must be torch.bfloat16 or torch.float16 (got {x.dtype})")
+    if bf16 and x.dtype != torch.bfloat16:
+        raise TypeError(f'x: dtype must be torch.bfloat16 with format "bf16" (BF16 experts take bfloat16 '
+                        f"activations; got {x.dtype})")
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"x: must be a CPU or CUDA tensor (got {x.device})")
     dev = x.device
-    _moe_tensor(x, "x", torch.bfloat16, dev, 2)
+    _moe_tensor(x, "x", x.dtype, dev, 2)
     t, h = int(x.shape[0]), int(x.shape[1])
     if isinstance(inter, bool) or not isinstance(inter, int):
         raise TypeError(f"inter: must be an int (got {type(inter).__name__})")
@@ -276,11 +279,10 @@ def _fused_moe_cpu(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, 
 
 
 @functools.lru_cache(maxsize=4096)
-def _moe_ws_bytes(device_index: int, t: int, h: int, inter: int, e: int, k: int, format: str, gate_up_stride: int,
-                  down_stride: int, activation: str, layout: str) -> int:
+def _moe_ws_bytes(device_index: int, t: int, h: int, inter: int, e: int, k: int, act: str, format: str,
+                  gate_up_stride: int, down_stride: int, activation: str, layout: str) -> int:
     with torch.cuda.device(device_index):  # the query is about the current device
-        return _C.moe_workspace_bytes(t, h, inter, e, k, "bfloat16", format, gate_up_stride, down_stride, activation,
-                                      layout)
+        return _C.moe_workspace_bytes(t, h, inter, e, k, act, format, gate_up_stride, down_stride, activation, layout)
 
 
 # The MoE layer's workspace: scratch the C++ op initialises itself (it clears its counters at the start), so
@@ -306,9 +308,10 @@ def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter,
     gu_stride = int(w_gate_up.stride(0)) * w_gate_up.element_size()
     d_stride = int(w_down.stride(0)) * w_down.element_size()
     stream = torch_ops._stream(dev)
-    ws_bytes = _moe_ws_bytes(dev.index, t, h, inter, e, k, format, gu_stride, d_stride, activation, layout)
+    act = "float16" if x.dtype == torch.float16 else "bfloat16"
+    ws_bytes = _moe_ws_bytes(dev.index, t, h, inter, e, k, act, format, gu_stride, d_stride, activation, layout)
     ws = _moe_workspace(dev, stream, ws_bytes) if ws_bytes else None
-    args = (t, h, inter, e, k, "bfloat16", x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), format,
+    args = (t, h, inter, e, k, act, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), format,
             w_gate_up.data_ptr(), gu_stride, b_gate_up.data_ptr() if b_gate_up is not None else 0,
             w_down.data_ptr(), d_stride, b_down.data_ptr() if b_down is not None else 0, activation, layout,
             float(alpha), float(limit), y.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)

@@ -9,7 +9,9 @@ without torch. GPU part (needs a CUDA device): the fused kernels against moe_ref
 experts (rel-L2 < 1e-2, bf16 out) over formats, activations, gate/up layouts, biases, routing modes and edge-case
 routings, T up to 100 (passes of 64 tokens), top-k 1..8, E 8..64 with H and I not multiples of 64; NaN rows for
 bad or repeated ids, determinism, workspace reuse across shapes and GEMMs, CUDA-graph replay with changing
-routings, torch.compile and opcheck. Skips say why.
+routings, torch.compile and opcheck. float16 activations (FP4 experts; BF16 experts take bfloat16 only): the CPU
+op, opcheck and argument errors, and on the GPU the kernels against the reference at the dense FP16 GEMM tests'
+gate (rel-L2 < 2e-3), T = 1, 37, 64, 100. Skips say why.
 """
 import math
 import subprocess
@@ -43,7 +45,8 @@ class Layer:
     """E random experts (FP4Weight on the CPU, or bfloat16 tensors for fmt "bf16": the reference's input) and their
     stacked buffers on `device`."""
 
-    def __init__(self, fmt, e, h, i, seed, device="cpu", bias=False, scale_gate_up=1.0, split_gate_up=False):
+    def __init__(self, fmt, e, h, i, seed, device="cpu", bias=False, scale_gate_up=1.0, split_gate_up=False,
+                 bias_dtype=torch.bfloat16):
         g = torch.Generator().manual_seed(seed)
         self.fmt, self.e, self.h, self.i = fmt, e, h, i
         wgu = [torch.randn(2 * i, h, generator=g) * scale_gate_up / math.sqrt(h) for _ in range(e)]
@@ -57,8 +60,8 @@ class Layer:
         self.wd = [w.bfloat16() for w in wd] if fmt == "bf16" else [FP4Weight.from_float(w, fmt) for w in wd]
         self.bgu = self.bd = None
         if bias:
-            self.bgu = (torch.randn(e, 2 * i, generator=g) * 0.5).bfloat16().to(device)
-            self.bd = (torch.randn(e, h, generator=g) * 0.1).bfloat16().to(device)
+            self.bgu = (torch.randn(e, 2 * i, generator=g) * 0.5).to(bias_dtype).to(device)
+            self.bd = (torch.randn(e, h, generator=g) * 0.1).to(bias_dtype).to(device)
         self.a = moe.stack_experts(self.wgu, device)
         self.b = moe.stack_experts(self.wd, device)
 
@@ -80,9 +83,9 @@ def _distinct_ids(t, e, k, g, boost=None):
     return torch.sort(scores, dim=1, descending=True).indices[:, :k].to(torch.int32).contiguous()
 
 
-def _inputs(t, e, k, h, seed, device="cpu"):
+def _inputs(t, e, k, h, seed, device="cpu", dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=g).bfloat16()
+    x = torch.randn(t, h, generator=g).to(dtype)
     ids, wts = moe.route_softmax_topk(torch.randn(t, e, generator=g), k, True)
     return x.to(device), ids.contiguous().to(device), wts.contiguous().to(device)
 
@@ -203,6 +206,38 @@ def test_cpu_op_empty_batch():
     assert tuple(y.shape) == (0, H) and y.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("swiglu_oai", "interleaved")])
+def test_cpu_op_float16(fmt, activation, layout):
+    layer = Layer(fmt, 8, H, I, seed=19, bias=True, bias_dtype=torch.float16,
+                  scale_gate_up=4.0 if activation == "swiglu_oai" else 1.0)
+    x, ids, wts = _inputs(9, 8, 3, H, seed=21, dtype=torch.float16)
+    y = layer.run(x, ids, wts, activation, layout)
+    assert y.dtype == torch.float16 and tuple(y.shape) == (9, H)
+    ref = layer.reference(x, ids, wts, activation, layout)
+    assert ref.dtype == torch.float16 and torch.equal(y, ref)
+    # the same layer in bfloat16 (biases converted): the same values up to the two dtypes' roundings
+    yb = moe.fused_moe(x.bfloat16(), ids, wts, layer.a, layer.b, fmt, I, activation, layout, layer.bgu.bfloat16(),
+                       layer.bd.bfloat16())
+    assert yb.dtype == torch.bfloat16 and _rel_l2(yb, y) < 2e-2
+
+
+def test_moe_reference_float16_saturates():
+    # an activation output past the float16 range becomes +-65504 (as the kernel writes it)
+    e, h, i = 1, 32, 32
+    wgu = [torch.zeros(2 * i, h)]
+    wd = [torch.eye(h, i)]
+    bgu = torch.zeros(e, 2 * i)
+    bgu[0, 0], bgu[0, i] = 1000.0, 1000.0     # silu(1000) * 1000 = 1e6 -> 65504
+    bgu[0, 1], bgu[0, i + 1] = 1000.0, -1000.0  # -> -65504
+    x = torch.zeros(1, h, dtype=torch.float16)
+    y = moe.moe_reference(x, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1), wgu, wd, bgu, None)
+    assert y.dtype == torch.float16
+    assert float(y[0, 0]) == 65504.0 and float(y[0, 1]) == -65504.0 and float(y[0, 2]) == 0.0
+    assert torch.isinf(moe.moe_reference(x, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1), wgu, wd, bgu,
+                                         None, intermediate_dtype=torch.float32)[0, 0])
+
+
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_opcheck_cpu(fmt):
     layer = Layer(fmt, 4, H, I, seed=10, bias=True)
@@ -210,6 +245,9 @@ def test_opcheck_cpu(fmt):
     op = torch.ops.fp4kit.fused_moe.default
     opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "silu", "concatenated"))
     opcheck(op, (x, ids, wts, layer.a, layer.b, fmt, I, "swiglu_oai", "interleaved", layer.bgu, layer.bd, 1.5, 6.0))
+    if fmt != "bf16":  # float16 activations (FP4 experts)
+        l16 = Layer(fmt, 4, H, I, seed=10, bias=True, bias_dtype=torch.float16)
+        opcheck(op, (x.half(), ids, wts, l16.a, l16.b, fmt, I, "swiglu_oai", "interleaved", l16.bgu, l16.bd))
 
 
 @pytest.mark.parametrize("routing", ["softmax", "sigmoid_grouped"])
@@ -256,8 +294,13 @@ def test_argument_errors():
              bgu=None, bd=None, alpha=1.702, limit=7.0):
         return moe.fused_moe(x, ids, wts, a, b, fmt, inter, activation, layout, bgu, bd, alpha, limit)
 
-    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 \(float16 MoE is not supported yet"):
-        call(x=x.half())
+    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 or torch.float16 \(got torch.float32\)"):
+        call(x=x.float())
+    with pytest.raises(TypeError, match=r"b_gate_up: dtype must be torch.float16 \(x's dtype\) \(got torch.bfloat16\)"):
+        call(x=x.half(), bgu=layer.bgu)
+    with pytest.raises(TypeError, match=r"b_down: dtype must be torch.bfloat16 \(x's dtype\) \(got torch.float16\)"):
+        call(bd=layer.bd.half())
+    assert call(x=x.half()).dtype == torch.float16  # FP4 experts take float16 activations
     with pytest.raises(ValueError, match=r"x: must have 2 dimensions"):
         call(x=x[None])
     with pytest.raises(ValueError, match=r"x: must be contiguous"):
@@ -317,6 +360,9 @@ def test_argument_errors_bf16():
         return moe.fused_moe(x, ids, wts, a, b, fmt, inter, "silu", "concatenated", layer.bgu, layer.bd)
 
     assert tuple(call().shape) == (3, H)
+    with pytest.raises(TypeError, match=r'x: dtype must be torch.bfloat16 with format "bf16" \(BF16 experts take '
+                                        r"bfloat16 activations; got torch.float16\)"):
+        call(x=x.half())
     with pytest.raises(TypeError, match=r"w_gate_up: dtype must be torch.uint8 \(stacked experts"):
         call(fmt="mxfp4")  # BF16 experts given as FP4 stacks
     with pytest.raises(TypeError, match=r'w_down: dtype must be torch.bfloat16 \(format "bf16"'):
@@ -364,7 +410,7 @@ def test_import_without_torch_keeps_the_moe_names():
 # ---- GPU -------------------------------------------------------------------------------------------------
 def _check_gpu(layer, x, ids, wts, activation="silu", layout="concatenated", tol=1e-2):
     y = layer.run(x, ids, wts, activation, layout)
-    assert y.device == x.device and y.dtype == torch.bfloat16 and tuple(y.shape) == tuple(x.shape)
+    assert y.device == x.device and y.dtype == x.dtype and tuple(y.shape) == tuple(x.shape)
     assert torch.isfinite(y).all()
     err = _rel_l2(y, layer.reference(x, ids, wts, activation, layout))
     assert err < tol, f"rel-L2 {err:.3g}"
@@ -383,6 +429,21 @@ def test_cuda_matches_reference(fmt, activation, layout, bias):
     for t, k in ((1, 2), (5, 4), (37, 2)):
         x, ids, wts = _inputs(t, 8, k, H, seed=100 * t + k, device="cuda")
         _check_gpu(layer, x, ids, wts, activation, layout)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("activation,layout", [("silu", "concatenated"), ("swiglu_oai", "interleaved")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cuda_float16_matches_reference(fmt, activation, layout, bias):
+    # float16 x, biases and output; the kernels round h, the activation and each expert's output to float16,
+    # the reference rounds the activation only: the dense FP16 GEMM tests' gate (2e-3) still holds.
+    layer = Layer(fmt, 8, H, I, seed=22, device="cuda", bias=bias, bias_dtype=torch.float16,
+                  scale_gate_up=4.0 if activation == "swiglu_oai" else 1.0, split_gate_up=(fmt == "nvfp4"))
+    for t, k in ((1, 2), (37, 4), (64, 2), (100, 4)):  # 100: two passes of 64 tokens
+        x, ids, wts = _inputs(t, 8, k, H, seed=300 * t + k, device="cuda", dtype=torch.float16)
+        y = _check_gpu(layer, x, ids, wts, activation, layout, tol=2e-3)
+        assert torch.equal(y, layer.run(x, ids, wts, activation, layout))  # deterministic
 
 
 @needs_gpu
@@ -506,8 +567,11 @@ def test_cuda_workspace_across_shapes_and_gemm():
 def test_cuda_argument_errors():
     layer = Layer("nvfp4", 4, H, I, seed=70, device="cuda")
     x, ids, wts = _inputs(3, 4, 2, H, seed=71, device="cuda")
-    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 \(float16 MoE is not supported yet"):
-        layer.run(x.half(), ids, wts)
+    with pytest.raises(TypeError, match=r"x: dtype must be torch.bfloat16 or torch.float16 \(got torch.float32\)"):
+        layer.run(x.float(), ids, wts)
+    bl16 = Layer("bf16", 4, H, I, seed=72, device="cuda")
+    with pytest.raises(TypeError, match=r'x: dtype must be torch.bfloat16 with format "bf16"'):
+        bl16.run(x.half(), ids, wts)
     with pytest.raises(ValueError, match=r"topk_ids: must be on x's device cuda:0 \(got cpu\)"):
         layer.run(x, ids.cpu(), wts)
     shifted = torch.zeros(layer.a.numel() + 16, dtype=torch.uint8, device="cuda")[16:].view(layer.a.shape)
