@@ -1,15 +1,24 @@
-// fp4kit-bench-moe: the fused MoE layer (fp4kit/moe.h) on real MoE shapes, decode token counts.
+// fp4kit-bench-moe: the fused MoE layer (fp4kit/moe.h) on real MoE shapes, decode and prefill token counts.
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
-//                    [--t 1,4,16,64] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA] [--replays N]
+//                    [--t 1,4,16,64,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
+//                    [--replays N]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
 // random routings (top-k distinct experts per token, uniform), one CUDA graph of R calls (call i uses
 // routing i, so consecutive calls touch different experts and read them from HBM), median of the
-// replays, per-call time. The bytes a call must read are its touched experts' prepacked bytes (counted
-// per routing, averaged); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s. BF16 experts'
-// bytes are counted the same way (n * k * 2 per matrix). When bf16 is among the formats, every FP4 row
+// replays, per-call time. T > 64 (bench_common's measure(), one probe call first): when R calls take over
+// 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
+// graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
+// TFLOP/s = 2 T top_k (H 2I + I H) / time (the layer's useful flops), against ~790 TFLOP/s (an H200's BF16
+// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes of 64 tokens (fp4kit/moe.h), each
+// pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
+// from memory, up to L2 hits), touched_bytes once per call (what a single pass over all T would read).
+// The bytes a call must read are its touched experts' prepacked bytes (counted per routing, averaged over
+// the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
+// T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
+// same way (n * k * 2 per matrix). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
 // re-seeded per model and format).
 #include <cuda_runtime.h>
@@ -84,7 +93,12 @@ struct Row {
   int64_t H, I, T;
   double us, touched, bytes, tbps;
   int64_t nonfinite;
+  double streamed, tflops;  // bytes the 64-token passes stream; useful TFLOP/s
+  int calls, replays;       // the timing's graph size and replay count
 };
+
+constexpr int kPassTokens = 64;       // fused_moe's tokens per pass (fp4kit/moe.h)
+constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
 Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed) {
   PackedLayout l;
@@ -129,7 +143,8 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64"}, {"formats", "mxfp4,nvfp4,bf16"},
+  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,512,2048,8192"},
+                                            {"formats", "mxfp4,nvfp4,bf16"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -161,8 +176,8 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<Row> rows;
-  std::printf("%-14s %-6s %4s %9s %8s %10s %8s %6s %12s\n", "model", "format", "T", "us", "experts", "MB touched",
-              "TB/s", "roof", "tokens/s");
+  std::printf("%-14s %-6s %5s %10s %8s %10s %8s %6s %12s %8s %5s\n", "model", "format", "T", "us", "experts",
+              "MB touched", "TB/s", "roof", "tokens/s", "TFLOP/s", "calls");
   for (const MoEShape& sh : shapes) {
     for (const std::string& fname : split(opt["formats"])) {
       if (fname != "nvfp4" && fname != "mxfp4" && fname != "bf16") {
@@ -176,30 +191,35 @@ int main(int argc, char** argv) {
       std::mt19937 rng(1234);  // the same routings for every format
       for (const std::string& ts : split(opt["t"])) {
         const int64_t T = std::atoll(ts.c_str());
-        // Routings and their touched experts.
+        // Routings and their touched experts (per call, and per 64-token pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
-        double touched = 0;
+        std::vector<double> touched_of(kRoutings, 0.0), pass_experts_of(kRoutings, 0.0);
         std::vector<int> perm(size_t(sh.E));
         for (int r = 0; r < kRoutings; ++r) {
           std::vector<int32_t> ids(size_t(T * sh.top_k));
           std::vector<float> wts(ids.size());
-          std::set<int> used;
+          std::set<int> used, used_pass;
           for (int64_t t = 0; t < T; ++t) {
+            if (t % kPassTokens == 0) {
+              pass_experts_of[size_t(r)] += double(used_pass.size());
+              used_pass.clear();
+            }
             for (int e = 0; e < sh.E; ++e) perm[size_t(e)] = e;
             std::shuffle(perm.begin(), perm.end(), rng);
             for (int j = 0; j < sh.top_k; ++j) {
               ids[size_t(t * sh.top_k + j)] = perm[size_t(j)];
               wts[size_t(t * sh.top_k + j)] = 1.0f / float(sh.top_k);
               used.insert(perm[size_t(j)]);
+              used_pass.insert(perm[size_t(j)]);
             }
           }
-          touched += double(used.size());
+          pass_experts_of[size_t(r)] += double(used_pass.size());
+          touched_of[size_t(r)] = double(used.size());
           CK(cudaMalloc(&ids_d[size_t(r)], ids.size() * 4));
           CK(cudaMemcpy(ids_d[size_t(r)], ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
           CK(cudaMalloc(&wts_d[size_t(r)], wts.size() * 4));
           CK(cudaMemcpy(wts_d[size_t(r)], wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
         }
-        touched /= kRoutings;
         void *x, *y, *ws;
         CK(cudaMalloc(&x, size_t(T * sh.H) * 2));
         CK(cudaMalloc(&y, size_t(T * sh.H) * 2));
@@ -236,13 +256,35 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(yb.data(), y, yb.size() * 2, cudaMemcpyDeviceToHost));
         int64_t nonfinite = 0;
         for (uint16_t b : yb) nonfinite += ((b & 0x7F80) == 0x7F80) ? 1 : 0;
-        const double us = graph_time_us(stream, kRoutings, replays, call);
-        const double bytes = touched * double(gu.bytes_per_expert + dn.bytes_per_expert);
+        // T <= 64 (one pass): the decode method, unchanged (a graph of all R routings, --replays replays).
+        // Larger T: measure() sizes the graph and the replays to the call's length (see the header).
+        Measured m;
+        if (T <= kPassTokens) {
+          m.calls = kRoutings;
+          m.replays = replays;
+          m.us = graph_time_us(stream, kRoutings, replays, call);
+        } else {
+          m = measure(stream, kRoutings, replays, call, /*eager=*/false);
+        }
+        const double us = m.us;
+        // Averages over the routings the graph used (calls 0 .. m.calls - 1 use routings 0 .. m.calls - 1).
+        const int used_routings = std::max(1, std::min(kRoutings, m.calls));
+        double touched = 0, pass_experts = 0;
+        for (int r = 0; r < used_routings; ++r) {
+          touched += touched_of[size_t(r)] / used_routings;
+          pass_experts += pass_experts_of[size_t(r)] / used_routings;
+        }
+        const double per_expert = double(gu.bytes_per_expert + dn.bytes_per_expert);
+        const double bytes = touched * per_expert;
         const double tbps = bytes / us * 1e-6;
-        std::printf("%-14s %-6s %4lld %9.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f%s\n", sh.model.c_str(), fname.c_str(),
-                    (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25, double(T) / us * 1e6,
-                    nonfinite ? "  NONFINITE" : "");
-        rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite});
+        const double flops = 2.0 * double(T) * sh.top_k * double(sh.H * 2 * sh.I + sh.I * sh.H);
+        const double tflops = flops / (us * 1e-6) / 1e12;
+        std::printf("%-14s %-6s %5lld %10.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f %8.1f %5d%s\n", sh.model.c_str(),
+                    fname.c_str(), (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25,
+                    double(T) / us * 1e6, tflops, m.calls, nonfinite ? "  NONFINITE" : "");
+        std::fflush(stdout);
+        rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
+                           pass_experts * per_expert, tflops, m.calls, m.replays});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -280,7 +322,11 @@ int main(int argc, char** argv) {
        << "\", \"act\": \"bf16\", \"E\": " << r.E << ", \"top_k\": " << r.top_k << ", \"H\": " << r.H
        << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
-       << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite;
+       << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
+       << ", \"passes\": " << (r.T + kPassTokens - 1) / kPassTokens << ", \"streamed_bytes\": " << r.streamed
+       << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
+       << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
+       << ", \"replays\": " << r.replays;
     if (base > 0) js << ", \"bf16_us\": " << base << ", \"speedup_vs_bf16\": " << base / r.us;
     js << "}";
   }
@@ -292,10 +338,14 @@ int main(int argc, char** argv) {
     }
     std::fprintf(fj,
                  "{\n  \"tool\": \"fp4kit-bench-moe\",\n  \"device\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
-                 "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays; "
-                 "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
+                 "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays "
+                 "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
+                 "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
+                 "streamed bytes = the same per 64-token pass, summed over the passes; "
+                 "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
+                 "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,
-                 replays, js.str().c_str());
+                 replays, kTensorPeak, js.str().c_str());
     std::fclose(fj);
     std::printf("wrote %s\n", opt["json"].c_str());
   }

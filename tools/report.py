@@ -225,9 +225,21 @@ def readme_table(runs):
     return "\n".join(out)
 
 
+MOE_TENSOR_PEAK = 790.0  # TFLOP/s: an H200's BF16 tensor-core ceiling (docs/prefill-plan.md)
+
+
+def moe_tflops(r):
+    """A fused-MoE row's useful TFLOP/s: 2 T top_k (H 2I + I H) / time (computed for rows that predate the field)."""
+    if "tflops" in r:
+        return r["tflops"]
+    return 2.0 * r["T"] * r["top_k"] * (r["H"] * 2 * r["I"] + r["I"] * r["H"]) / (r["us"] * 1e-6) / 1e12
+
+
 def moe_table(runs):
-    """fp4kit-bench-moe runs: one row per (model, format, T); with BF16 experts in the run (format bf16), a column
-    with each FP4 row's speedup over them (same model and T)."""
+    """fp4kit-bench-moe runs: one row per (model, format, T), with the weight stream (TB/s, % of 4.25 TB/s: the
+    decode measure) and the useful TFLOP/s (% of the 790 TFLOP/s BF16 tensor-core ceiling: the large-T
+    measure); with BF16 experts in the run (format bf16), a column with each FP4 row's speedup over them (same
+    model and T)."""
     out = []
     for d in runs:
         out.append(f"**fused MoE** on {d['device']}, commit `{d['commit']}`, {d['date']} (`{Path(d['_path']).as_posix()}`). "
@@ -235,16 +247,17 @@ def moe_table(runs):
         out.append("")
         vs = any("speedup_vs_bf16" in r for r in d["rows"])
         extra = " speedup over bf16 |" if vs else ""
-        out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s |"
-                   + extra)
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if vs else ""))
+        out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s "
+                   f"| TFLOP/s (% of {MOE_TENSOR_PEAK:.0f}) |" + extra)
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if vs else ""))
         for r in d["rows"]:
             sp = ""
             if vs:
                 sp = f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
             out.append(f"| {r['model']} | {r['E']} / {r['top_k']} | {r['H']} x {r['I']} | {r['format']} | {r['T']} | "
                        f"{r['us']:.1f} | {r['touched_experts']:.1f} | {r['weight_tbps']:.2f} | "
-                       f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} |" + sp)
+                       f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} | "
+                       f"{moe_tflops(r):.1f} ({100 * moe_tflops(r) / MOE_TENSOR_PEAK:.1f}%) |" + sp)
         out.append("")
     return "\n".join(out)
 
