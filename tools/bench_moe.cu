@@ -2,7 +2,7 @@
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
 //                    [--t 1,4,16,64,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
-//                    [--replays N]
+//                    [--replays N] [--act bf16|f16]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
@@ -18,7 +18,7 @@
 // The bytes a call must read are its touched experts' prepacked bytes (counted per routing, averaged over
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
-// same way (n * k * 2 per matrix). When bf16 is among the formats, every FP4 row
+// same way (n * k * 2 per matrix). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
 // re-seeded per model and format).
 #include <cuda_runtime.h>
@@ -100,7 +100,15 @@ struct Row {
 constexpr int kPassTokens = 64;       // fused_moe's tokens per pass (fp4kit/moe.h)
 constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
-Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed) {
+// FP16 runs: MXFP4 block scales 2^-6 lower (E8M0 2^-13 .. 2^-6; the BF16 runs keep 2^-7 .. 2^0), so that the
+// random layers' h, activations and outputs stay inside the FP16 range (NVFP4's tensor scale 0.01 already
+// keeps them there).
+__global__ void lower_scales(uint8_t* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(p[i] - 6);
+}
+
+Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed, bool act_bf16) {
   PackedLayout l;
   CKS(packed_layout(f, n, k, &l));
   Stack s;
@@ -119,6 +127,7 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
   for (int e = 0; e < E; ++e) {
     launch_fill(fill_bytes, packed, size_t(n * k / 2), seed + 2 * e);
     launch_fill(fill_scales, scales, size_t(n * (k / g)), seed + 2 * e + 1, int(f == Format::kNVFP4));
+    if (!act_bf16 && f == Format::kMXFP4) launch_fill(lower_scales, scales, size_t(n * (k / g)));
     PrepackArgs a;
     a.format = f;
     a.n = n;
@@ -135,7 +144,7 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
   cudaFree(ts);
   if (bias) {
     CK(cudaMalloc(&s.bias, size_t(E * n) * 2));
-    fill16(s.bias, size_t(E * n), seed + 7777, true);
+    fill16(s.bias, size_t(E * n), seed + 7777, act_bf16);  // biases are of the activation dtype
   }
   return s;
 }
@@ -145,12 +154,12 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,512,2048,8192"},
                                             {"formats", "mxfp4,nvfp4,bf16"},
-                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"}};
+                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]"
-                  " [--replays N]\n");
+                  " [--replays N] [--act bf16|f16]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -172,6 +181,11 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int replays = std::max(20, std::atoi(opt["replays"].c_str()));
+  if (opt["act"] != "bf16" && opt["act"] != "f16") {
+    std::fprintf(stderr, "fp4kit-bench-moe: --act must be bf16 or f16 (got %s)\n", opt["act"].c_str());
+    return 2;
+  }
+  const bool act_bf16 = opt["act"] == "bf16";
   constexpr int kRoutings = 16;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -185,9 +199,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       const bool bf16 = fname == "bf16";
+      if (bf16 && !act_bf16) {
+        std::printf("%-14s %-6s skipped: BF16 experts take bfloat16 activations\n", sh.model.c_str(), fname.c_str());
+        continue;
+      }
       const Format f = fname == "nvfp4" ? Format::kNVFP4 : Format::kMXFP4;
-      Stack gu = bf16 ? make_bf16_stack(sh.E, 2 * sh.I, sh.H, sh.bias, 11) : make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11);
-      Stack dn = bf16 ? make_bf16_stack(sh.E, sh.H, sh.I, sh.bias, 977) : make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977);
+      Stack gu = bf16 ? make_bf16_stack(sh.E, 2 * sh.I, sh.H, sh.bias, 11) : make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11, act_bf16);
+      Stack dn = bf16 ? make_bf16_stack(sh.E, sh.H, sh.I, sh.bias, 977) : make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977, act_bf16);
       std::mt19937 rng(1234);  // the same routings for every format
       for (const std::string& ts : split(opt["t"])) {
         const int64_t T = std::atoll(ts.c_str());
@@ -223,7 +241,7 @@ int main(int argc, char** argv) {
         void *x, *y, *ws;
         CK(cudaMalloc(&x, size_t(T * sh.H) * 2));
         CK(cudaMalloc(&y, size_t(T * sh.H) * 2));
-        fill16(x, size_t(T * sh.H), 4242, true);
+        fill16(x, size_t(T * sh.H), 4242, act_bf16);
         MoEArgs a;
         a.tokens = T;
         a.hidden = sh.H;
@@ -237,6 +255,7 @@ int main(int argc, char** argv) {
         if (bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
         a.activation = sh.act;
         a.layout = sh.layout;
+        a.act = act_bf16 ? DType::kBF16 : DType::kF16;
         size_t wsb = 0;
         CKS(moe_workspace_bytes(a, &wsb));
         CK(cudaMalloc(&ws, wsb));
@@ -255,7 +274,8 @@ int main(int argc, char** argv) {
         std::vector<uint16_t> yb(size_t(T * sh.H));
         CK(cudaMemcpy(yb.data(), y, yb.size() * 2, cudaMemcpyDeviceToHost));
         int64_t nonfinite = 0;
-        for (uint16_t b : yb) nonfinite += ((b & 0x7F80) == 0x7F80) ? 1 : 0;
+        const uint16_t exp_mask = act_bf16 ? 0x7F80 : 0x7C00;  // all-ones exponent: inf or NaN
+        for (uint16_t b : yb) nonfinite += ((b & exp_mask) == exp_mask) ? 1 : 0;
         // T <= 64 (one pass): the decode method, unchanged (a graph of all R routings, --replays replays).
         // Larger T: measure() sizes the graph and the replays to the call's length (see the header).
         Measured m;
@@ -319,7 +339,7 @@ int main(int argc, char** argv) {
     const Row& r = rows[i];
     const double base = r.format == "bf16" ? 0.0 : bf16_us(r);
     js << (i ? ",\n" : "") << "    {\"op\": \"fused_moe\", \"model\": \"" << r.model << "\", \"format\": \"" << r.format
-       << "\", \"act\": \"bf16\", \"E\": " << r.E << ", \"top_k\": " << r.top_k << ", \"H\": " << r.H
+       << "\", \"act\": \"" << opt["act"] << "\", \"E\": " << r.E << ", \"top_k\": " << r.top_k << ", \"H\": " << r.H
        << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
