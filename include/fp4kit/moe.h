@@ -37,8 +37,9 @@
 //     synchronisation: that token's output row is NaN (every other token is computed normally).
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
-//   - T up to 64 per internal pass; larger T runs in passes of 64 tokens (correct, not yet fast: the
-//     prefill path for MoE is future work).
+//   - T up to 64 per internal pass; larger T runs in passes of 64 tokens, each streaming the experts its
+//     tokens touch (correct, not fast: ~T/64 times the T = 64 time; the prefill-kernel plan is in
+//     docs/moe-notes.md).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
 //     (the call clears what it relies on). One workspace per stream.
 #pragma once
