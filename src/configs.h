@@ -30,7 +30,8 @@ struct KernelConfig {
                         // Each CTA gets the same number of units +-1, so with one K slice per unit a layer
                         // of ~3 units per CTA leaves a quarter of the CTAs a third more work than the
                         // rest (in-kernel timeline, Llama-70B qkv at m = 1: CTA exits spread over 9.8 of
-                        // 22 us); smaller units make the +-1 smaller. kBulk and kWgmma: 8.
+                        // 22 us); smaller units make the +-1 smaller. kBulk and kWgmma: 8. A kernel
+                        // template parameter (entries with another unit are other kernels).
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
@@ -77,11 +78,10 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
-    // Smaller stream-K units (the same kernels as the entries they vary; see unit_chunks). Unmeasured.
-    {26, "m8_r1_w8_b3_c2x4_u2", 1, 1, 8, 3, 2, 4, kRing, 1, 2},
+    // Half-slice stream-K units (see unit_chunks; a kernel of their own: the unit is a template
+    // parameter so that each stage's place in its slice stays a compile-time constant). Unmeasured.
     {27, "m8_r1_w8_b3_c4x2_u4", 1, 1, 8, 3, 4, 2, kRing, 1, 4},
     {28, "m16_r1_w8_b2_c4x2_u4", 2, 1, 8, 2, 4, 2, kRing, 1, 4},
-    {29, "m64_r2_w8_b1_c4x2_u4", 8, 2, 8, 1, 4, 2, kRing, 1, 4},
     // Prefill (sm_90a): CTA = 128 weight rows x BN tokens, wgmma with the dequantised weights as register
     // A, X by TMA; measured at b7022e8 (whole K per CTA): 640-730 TFLOP/s on Llama-70B layers at
     // m >= 1024, ~400 at m = 256 where 64-128 CTAs leave the 132 SMs of an H200 idle. The _k8 variants

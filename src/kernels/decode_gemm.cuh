@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "fp4kit/formats.h"
 #include "fp4kit/repack.h"
@@ -324,7 +325,7 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int
   cp_async_commit();
 }
 
-template <Format F, typename T, int NT, int RW, int CH>
+template <Format F, typename T, int NT, int RW, int CH, int kPhase = -1>
 __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
                                               const T* xs, const DecodeParams& p, int c0, int c_end, int g,
                                               int t, float (&acc)[RW][NT][4]) {
@@ -332,7 +333,9 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
   for (int i = 0; i < CH; ++i) {
     const int c = c0 + i;
     if (c >= c_end) break;
-    const int cc = c & (layout::kChunksPerMacro - 1);
+    // The chunk's place in its K slice selects its scale word: kPhase >= 0 states c0's place at compile
+    // time (a run-time index would put the scale words in local memory).
+    const int cc = kPhase >= 0 ? (kPhase + i) & (layout::kChunksPerMacro - 1) : c & (layout::kChunksPerMacro - 1);
     const int kl = int(layout::lane_kbase(F, c, t)) & (layout::kMacroK - 1);
     // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are
     // discarded). Past K the staged X is zero (and so are the padded weights).
@@ -364,6 +367,15 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
       }
     }
   }
+}
+
+// compute_stage for a stage that starts at chunk `ph` of its K slice (a multiple of CH), with ph made a
+// compile-time constant: one branch per possible place.
+template <Format F, typename T, int NT, int RW, int CH, int... I>
+__device__ __forceinline__ void compute_stage_at(int ph, std::integer_sequence<int, I...>, const Stage<RW, CH>& st,
+                                                 const Scales<F, T> (&sc)[RW], const T* xs, const DecodeParams& p,
+                                                 int c0, int c_end, int g, int t, float (&acc)[RW][NT][4]) {
+  ((ph == I * CH ? (compute_stage<F, T, NT, RW, CH, I * CH>(st, sc, xs, p, c0, c_end, g, t, acc), 0) : 0), ...);
 }
 
 template <typename T, int NT, int RW>
@@ -509,9 +521,11 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
+// U: the stream-K unit in chunks (DecodeParams::unit_chunks must equal it).
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false, int U = 8>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
+  static_assert(U % CH == 0 && layout::kChunksPerMacro % U == 0, "a unit is whole stages inside one K slice");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -553,8 +567,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     // records are loaded one slice ahead and decoded when its first stage comes up. With units smaller
     // than a slice a segment may start and end inside a slice (stages never straddle one: the unit is a
     // multiple of the stage).
-    const int c_begin = q0 * p.unit_chunks;
-    const int c_end = min(q1 * p.unit_chunks, p.k_chunks);
+    const int c_begin = q0 * U;
+    const int c_end = min(q1 * U, p.k_chunks);
     const int j0 = c_begin / layout::kChunksPerMacro;
     const int j1 = (c_end + layout::kChunksPerMacro - 1) / layout::kChunksPerMacro;
     ScaleRecord<F> rec[RW];
@@ -582,7 +596,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
-        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
+        const T* xs = x_smem + (j & 1) * kXBuf;
+        if constexpr (U == layout::kChunksPerMacro) {
+          compute_stage<F, T, NT, RW, CH>(ring[d], sc, xs, q, cs, c_end, g, t, acc);  // c_begin: slice start
+        } else {  // the stage's place in its slice, as a compile-time constant
+          compute_stage_at<F, T, NT, RW, CH>(cs & (layout::kChunksPerMacro - 1),
+                                             std::make_integer_sequence<int, layout::kChunksPerMacro / CH>{},
+                                             ring[d], sc, xs, q, cs, c_end, g, t, acc);
+        }
         if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
       }
     }
