@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 #include <string>
@@ -14,6 +15,7 @@
 #include "fp4kit/tuning.h"
 #include "gemm_internal.h"
 #include "decode_kernels.cuh"
+#include "launch.h"
 #include "prefill.h"
 #include "repack_common.h"
 
@@ -150,8 +152,23 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
     p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
+  p.pdl = pdl_enabled(facts.major);
   *plan = p;
   return Status::Ok();
+}
+
+bool pdl_enabled(int cc_major) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP4KIT_PDL");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return env && cc_major == 9;
+}
+
+bool pdl_enabled_here() {
+  int dev = 0;
+  DeviceFacts facts;
+  return device_facts(&dev, &facts).ok() && pdl_enabled(facts.major);
 }
 
 }  // namespace detail
@@ -188,7 +205,10 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    fn<<<plan.grid, plan.threads, plan.smem_bytes, stream>>>(p);
+    p.pdl = plan.pdl;
+    const cudaError_t le = detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream,
+                                                 plan.pdl, p);
+    if (le != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(le));
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

@@ -28,6 +28,7 @@ struct DecodePlan {
   int token_tiles = 0;      // prefill: ceil(m / token tile)
   int splits = 1;           // prefill: K splits per tile (> 1: partial tiles summed through the workspace)
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
+  bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
 };
 
 // Every plan's arrival counters lie in the workspace's first kCounterRegionBytes (all of them as long as

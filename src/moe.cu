@@ -28,6 +28,7 @@
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
 #include "decode_kernels.cuh"
+#include "launch.h"
 #include "kernels/moe_bf16_gemm.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
@@ -68,6 +69,8 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
 __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
                                                                    AlignBufs b, int* counters, int n_counters) {
   extern __shared__ int s_count[];  // [experts]
+  kernels::griddep_launch_dependents();
+  kernels::griddep_wait();  // the ids and the workspace: written by earlier kernels
   // The grouped GEMMs' arrival counters start at zero whatever the workspace held before (they leave
   // them zeroed too): the workspace needs no initialisation, and calls of other shapes may share it.
   for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
@@ -121,6 +124,8 @@ template <> struct Elem<__half> {
 template <typename T>
 __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, MoEActivation act,
                                       GateUpLayout layout, float alpha, float limit) {
+  kernels::griddep_launch_dependents();
+  kernels::griddep_wait();
   const int rows = *n_rows;
   const int64_t total = int64_t(rows) * inter;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
@@ -153,6 +158,8 @@ __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int i
 template <typename T>
 __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const float* weights, int tokens, int top_k,
                                    int hidden, T* y) {
+  kernels::griddep_launch_dependents();
+  kernels::griddep_wait();
   const int64_t total = int64_t(tokens) * hidden;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int t = int(idx / hidden), c = int(idx % hidden);
@@ -279,6 +286,7 @@ struct MoEPlan {
   GroupedPlan gu, dn;  // FP4 experts
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
+  bool pdl = false;  // launches use programmatic dependent launch (launch.h)
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
 };
@@ -289,6 +297,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.max_active = std::min(a.num_experts, p.pairs);
   const int n_tiles = n_tiles_for(a.tokens);
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
+  p.pdl = detail::pdl_enabled_here();
   if (p.bf16) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
@@ -474,7 +483,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.scales_offset = l.scales_offset;
     s.out_scale_offset = l.out_scale_offset;
     s.bias = w.bias;
-    gp.fn<<<gp.grid, gp.dense.threads, gp.dense.smem_bytes, stream>>>(p);
+    p.pdl = plan.pdl;
+    detail::launch_kernel(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream, plan.pdl, p);
   };
   auto launch_bf16 = [&](const Bf16Plan& bp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
     kernels::Bf16GroupedParams p{};
@@ -491,30 +501,34 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     p.k = int(w.k);
     p.row_tiles = int((w.n + 15) / 16);
     p.k_steps = int((w.k + 31) / 32);
-    bp.fn<<<bp.grid, kernels::kBf16Warps * 32, 0, stream>>>(p);
+    detail::launch_kernel(bp.fn, dim3(bp.grid), dim3(kernels::kBf16Warps * 32), 0, stream, plan.pdl, p);
   };
   const int ew_blocks = std::max(1, plan.sms) * 4;  // element-wise kernels: grid-stride loops
   const bool f16 = a.act == DType::kF16;
   const int64_t eb = dtype_bytes(a.act);
   auto launch_activation = [&] {
+    const int* n_rows = b.offset + E;
+    const int inter = int(a.inter);
     if (f16)
-      moe_activation_kernel<__half><<<ew_blocks, 256, 0, stream>>>(
-          static_cast<const __half*>(h), static_cast<__half*>(act), b.offset + E, int(a.inter), a.activation,
-          a.layout, a.alpha, a.limit);
+      detail::launch_kernel(&moe_activation_kernel<__half>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, a.activation,
+                            a.layout, a.alpha, a.limit);
     else
-      moe_activation_kernel<__nv_bfloat16><<<ew_blocks, 256, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), b.offset + E, int(a.inter),
-          a.activation, a.layout, a.alpha, a.limit);
+      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
+                            a.activation, a.layout, a.alpha, a.limit);
   };
   auto launch_combine = [&](int64_t t0, int tokens, void* y) {
     const float* w = a.topk_weights + t0 * a.top_k;
+    const int* rop = b.row_of_pair;
+    const int hidden = int(a.hidden);
     if (f16)
-      moe_combine_kernel<__half><<<ew_blocks, 256, 0, stream>>>(static_cast<const __half*>(o), b.row_of_pair, w, tokens,
-                                                               a.top_k, int(a.hidden), static_cast<__half*>(y));
+      detail::launch_kernel(&moe_combine_kernel<__half>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __half*>(o), rop, w, tokens, a.top_k, hidden, static_cast<__half*>(y));
     else
-      moe_combine_kernel<__nv_bfloat16><<<ew_blocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(o),
-                                                                      b.row_of_pair, w, tokens, a.top_k,
-                                                                      int(a.hidden), static_cast<__nv_bfloat16*>(y));
+      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __nv_bfloat16*>(o), rop, w, tokens, a.top_k, hidden,
+                            static_cast<__nv_bfloat16*>(y));
   };
 
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
@@ -522,8 +536,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int pairs = tokens * a.top_k;
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
-    moe_align_kernel<<<1, kAlignThreads, E * sizeof(int), stream>>>(a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b,
-                                                                    counters, int(plan.counters_bytes / sizeof(int)));
+    detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl,
+                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b, counters,
+                          int(plan.counters_bytes / sizeof(int)));
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
     else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
     launch_activation();

@@ -76,6 +76,7 @@ struct DecodeParams {
   int* counters;          // [row_groups], zero between calls
   float* partials;        // [gridDim.x][2][slot floats]
   const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: of each sorted row)
+  bool pdl;               // launched with programmatic dependent launch (see griddep_wait)
   GroupedSchedule grouped; // grouped (MoE) kernels only, see above
 };
 
@@ -112,6 +113,23 @@ __device__ __forceinline__ void decode_trace_global(int i) {
 __device__ __forceinline__ void decode_trace(int) {}
 __device__ __forceinline__ void decode_trace_global(int) {}
 #endif
+
+// ---- Programmatic dependent launch (sm_90; no-ops elsewhere and when the launch did not ask for it) ---
+// A kernel launched with the programmatic-stream-serialisation attribute may start while the previous
+// kernel in the stream still runs: it must call griddep_wait() before it reads anything a previous kernel
+// wrote or writes anything a previous kernel reads; data that no kernel writes (the prepacked weights) may
+// be read before. griddep_launch_dependents() lets the next such kernel start as soon as every CTA of
+// this one has called it (its own wait still waits for this grid's completion and memory).
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // ---- PTX wrappers --------------------------------------------------------------------------------
 
@@ -280,6 +298,17 @@ __device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams
                                      : make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// The first stage's records into L2 (no registers held), for D = 1 rings before a programmatic wait.
+template <int RW, int CH>
+__device__ __forceinline__ void prefetch_stage_l2(const DecodeParams& p, const int* rt, int c0, int c_end, int lane) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int i = 0; i < CH; ++i)
+      if (rt[r] < p.row_tiles && c0 + i < c_end)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.weights + (int64_t(rt[r]) * p.k_chunks + c0 + i) * 32 + lane));
 }
 
 template <Format F, int RW>
@@ -537,6 +566,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K unit) space, row-group major
   // (a unit: unit_chunks 64-K chunks, a K slice by default).
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
+  griddep_launch_dependents();
+  if constexpr (kGrouped) griddep_wait();  // the schedule was written by the align kernel
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
@@ -574,11 +605,18 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
     load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
-    __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
-    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0, threadIdx.x, blockDim.x);
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
+    if (seg == 0) {
+      // Weights and scales are nobody's output: they are requested above (D = 1: the first stage into
+      // L2) before waiting for the previous kernel, whose X and workspace come next.
+      if constexpr (D == 1)
+        if (p.pdl) prefetch_stage_l2<RW, CH>(q, rt, c_begin, c_end, lane);
+      griddep_wait();
+    }
+    __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
+    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0, threadIdx.x, blockDim.x);
     for (int base = c_begin; base < c_end; base += D * CH) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {

@@ -106,6 +106,8 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   uint8_t* ring = bulk_smem;                                    // [S][kStage]
   T* x_smem = reinterpret_cast<T*>(bulk_smem + S * kStage);     // [2][8*NT][kXRowElems]
 
+  griddep_launch_dependents();
+  if constexpr (kGrouped) griddep_wait();  // the schedule was written by the align kernel
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
@@ -150,7 +152,8 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
     return;
   }
 
-  // Consumers.
+  // Consumers: X and the workspace may come from the previous kernel (the producer streams weights only).
+  griddep_wait();
   int it = 0;
   for (int64_t u = u_begin; u < u_end;) {
     int rg, j0, j1, lrg;

@@ -73,6 +73,8 @@ __device__ __forceinline__ uint4 ld_weight16(const uint4* p, uint64_t policy) {
 template <int NT>
 __global__ void __launch_bounds__(kBf16Warps * 32, 2) moe_bf16_gemm_kernel(const Bf16GroupedParams p) {
   constexpr int D = Bf16Depth<NT>::value;
+  griddep_launch_dependents();
+  griddep_wait();  // the schedule and X: written by the previous kernels
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t tiles = int64_t(*p.n_active) * p.row_tiles;

@@ -567,6 +567,68 @@ TEST(gemm_deterministic) {
   }
 }
 
+// Two dependent GEMMs issued back to back with no host synchronisation: Y1 = X W1^T, then Y2 = Y1 W2^T.
+// With FP4KIT_PDL=1 (the ctest entry test_gemm_gpu_pdl) the second kernel may start while the first
+// drains and must wait for Y1 before it reads it: Y1 and Y2 are NaN-poisoned first, so a read too early
+// shows. The reference for Y2 is computed from the Y1 the device wrote.
+TEST(gemm_dependent_chain) {
+  for (Format f : {Format::kNVFP4, Format::kMXFP4})
+    for (int64_t m : {1, 16, 64}) {
+      const int64_t k1 = 1024, n1 = 2048 + 16, n2 = 1536;  // Y1 [m, n1] is the second GEMM's X (K = n1)
+      CkptWeight w1 = fp4test::random_weight(f, n1, k1, rng()), w2 = fp4test::random_weight(f, n2, n1, rng());
+      DeviceWeight d1, d2;
+      prepack_both(w1, d1);
+      prepack_both(w2, d2);
+      const auto x = random_x(m, k1, true);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = fp4test::to_bits(x[i], true);
+      uint16_t* dx = to_device(xb);
+      void *dy1 = nullptr, *dy2 = nullptr, *ws = nullptr;
+      CUDA_OK(cudaMalloc(&dy1, size_t(m * n1) * 2));
+      CUDA_OK(cudaMalloc(&dy2, size_t(m * n2) * 2));
+      CUDA_OK(cudaMemset(dy1, 0xFF, size_t(m * n1) * 2));  // NaN
+      CUDA_OK(cudaMemset(dy2, 0xFF, size_t(m * n2) * 2));
+      size_t b1 = 0, b2 = 0;
+      CHECK_OK(gemm_workspace_bytes(m, d1.pw, DType::kBF16, &b1));
+      CHECK_OK(gemm_workspace_bytes(m, d2.pw, DType::kBF16, &b2));
+      const size_t wsb = std::max<size_t>(std::max(b1, b2), 256);
+      CUDA_OK(cudaMalloc(&ws, wsb));
+      CUDA_OK(cudaMemset(ws, 0, wsb));
+      cudaStream_t s;
+      CUDA_OK(cudaStreamCreate(&s));
+      GemmArgs a;
+      a.m = m;
+      a.workspace = ws;  // one workspace for both: stream order (and the programmatic wait) keep them apart
+      a.workspace_bytes = wsb;
+      a.x = dx;
+      a.y = dy1;
+      a.w = d1.pw;
+      CHECK_OK(gemm(a, s));
+      a.x = dy1;
+      a.y = dy2;
+      a.w = d2.pw;
+      CHECK_OK(gemm(a, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      std::vector<uint16_t> y1b(size_t(m * n1)), y2b(size_t(m * n2));
+      CUDA_OK(cudaMemcpy(y1b.data(), dy1, y1b.size() * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(y2b.data(), dy2, y2b.size() * 2, cudaMemcpyDeviceToHost));
+      std::vector<float> y1(y1b.size()), y2(y2b.size());
+      for (size_t i = 0; i < y1.size(); ++i) y1[i] = fp4test::from_bits(y1b[i], true);
+      for (size_t i = 0; i < y2.size(); ++i) y2[i] = fp4test::from_bits(y2b[i], true);
+      const auto c1 = fp4test::compare(fp4test::reference(x, fp4test::dequant(w1), nullptr, m, n1, k1), y1);
+      const auto c2 = fp4test::compare(fp4test::reference(y1, fp4test::dequant(w2), nullptr, m, n2, n1), y2);
+      CHECK_MSG(c1.nonfinite == 0 && c1.rel_l2 < 1e-2 && c1.cosine > 0.999,
+                format_name(f) << " m=" << m << " first GEMM: rel_l2=" << c1.rel_l2 << " nonfinite=" << c1.nonfinite);
+      CHECK_MSG(c2.nonfinite == 0 && c2.rel_l2 < 1e-2 && c2.cosine > 0.999,
+                format_name(f) << " m=" << m << " dependent GEMM: rel_l2=" << c2.rel_l2 << " nonfinite=" << c2.nonfinite);
+      cudaStreamDestroy(s);
+      cudaFree(dx);
+      cudaFree(dy1);
+      cudaFree(dy2);
+      cudaFree(ws);
+    }
+}
+
 // Errors that need a device (plan-dependent): workspace rules and config ids.
 TEST(gemm_device_errors) {
   CkptWeight w = fp4test::random_weight(Format::kNVFP4, 4096, 4096, rng());
