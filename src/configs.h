@@ -66,8 +66,10 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, kRing},
     {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2, kRing},
     {7, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2, kRing},
-    {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2, kRing},
+    // m <= 64: c8x1 first (the default): 2-9% faster than c4x2 on every Llama-70B and 8B layer in two
+    // sweeps (bench/results/sweep_bulk_0773a97_*.json, sweep_waves_8f07056_*.json), and no spills.
     {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1, kRing},
+    {8, "m64_r2_w8_b1_c4x2", 8, 2, 8, 1, 4, 2, kRing},
     // Half-size CTAs (64- and 128-row groups): twice the row groups, for layers whose 8-warp row groups
     // x K slices leave resident CTAs idle or split K many ways.
     {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1, kRing},
