@@ -98,6 +98,16 @@ inline constexpr KernelConfig kKernelConfigs[] = {
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
+// The stream-K unit of every entry: whole stages inside one K slice, and a whole slice off the ring.
+constexpr bool units_valid() {
+  for (const KernelConfig& c : kKernelConfigs) {
+    const int u = c.unit_chunks;
+    if (8 % u != 0 || (c.pipeline == kRing ? u % c.chunks != 0 : u != 8)) return false;
+  }
+  return true;
+}
+static_assert(units_valid(), "kKernelConfigs: unit_chunks must be a multiple of chunks dividing 8 (8 off the ring)");
+
 // The table (static storage, `count` entries).
 const KernelConfig* kernel_configs(int* count);
 const KernelConfig* find_config(int id);

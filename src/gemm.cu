@@ -137,11 +137,8 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
   p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
-  const int unit = cfg->pipeline == kRing ? cfg->unit_chunks : 8;
-  if (unit < cfg->chunks || unit % cfg->chunks != 0 || 8 % unit != 0)
-    return Status(Code::kInternal, std::string("config ") + cfg->name + ": unit_chunks must be a multiple of chunks dividing 8");
-  p.unit_chunks = unit;
-  p.k_units = int((l.k_chunks + unit - 1) / unit);
+  p.unit_chunks = cfg->unit_chunks;
+  p.k_units = int((l.k_chunks + p.unit_chunks - 1) / p.unit_chunks);
   p.units = int64_t(p.row_groups) * p.k_units;
   const int64_t resident = int64_t(facts.sms) * per_sm;
   p.grid = int(std::min<int64_t>(p.units, resident));
@@ -198,6 +195,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
   p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+  p.pdl = plan.pdl;
 
   // m beyond one launch's tokens: consecutive launches over blocks of m_block tokens (stream-ordered, so
   // they share the workspace safely).
@@ -205,10 +203,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    p.pdl = plan.pdl;
-    const cudaError_t le = detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream,
-                                                 plan.pdl, p);
-    if (le != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(le));
+    detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

@@ -18,6 +18,8 @@ namespace detail {
 bool pdl_enabled(int cc_major);
 bool pdl_enabled_here();
 
+// A failed launch is also the thread's last CUDA error: callers check cudaGetLastError() once after their
+// launches.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*fn)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                           Args&&... args) {

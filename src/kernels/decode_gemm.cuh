@@ -69,8 +69,7 @@ struct DecodeParams {
   const float* out_scale; // [n_pad]
   int m, n, k;
   int row_tiles, k_chunks, k_macros;
-  int unit_chunks;        // stream-K unit: this many 64-K chunks (a multiple of the stage, dividing 8)
-  int k_units;            // units per row group: ceil(k_chunks / unit_chunks)
+  int k_units;            // stream-K units per row group: ceil(k_chunks / unit), unit = the kernel's U
   int row_groups;         // ceil(row_tiles / (warps * row_tiles_per_warp))
   int64_t units;          // row_groups * k_units
   int* counters;          // [row_groups], zero between calls
@@ -91,7 +90,6 @@ inline DecodeParams shape_params(const PackedLayout& l, int row_groups, int unit
   p.row_tiles = int(l.row_tiles);
   p.k_chunks = int(l.k_chunks);
   p.k_macros = int(l.k_macros);
-  p.unit_chunks = unit_chunks;
   p.k_units = int((l.k_chunks + unit_chunks - 1) / unit_chunks);
   p.row_groups = row_groups;
   return p;
@@ -326,9 +324,8 @@ __device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], co
 // there (X from L1/L2 directly stalled each chunk on a miss: ncu showed long-scoreboard stalls dominant).
 // Rows are padded by 16 bytes so the quad's 16-byte reads of a row pair hit distinct banks.
 constexpr int kXRowElems = layout::kMacroK + 8;
-template <int NT> constexpr int x_stage_bytes() { return 2 * 8 * NT * kXRowElems * 2; }
-// The same for a launch's n_tiles (dynamic shared memory of the kernel).
-inline int x_stage_bytes_for(int n_tiles) { return 2 * 8 * n_tiles * kXRowElems * 2; }
+// Bytes of the two X slice buffers of a launch with n_tiles token tiles.
+__host__ __device__ constexpr int x_stage_bytes_for(int n_tiles) { return 2 * 8 * n_tiles * kXRowElems * 2; }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -464,6 +461,16 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
   }
 }
 
+template <int RW, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[RW][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+}
+
 // The end of a segment that covers only part of its row group's K: park the partial tile, count arrivals;
 // the last CTA to arrive sums all partials in CTA order (deterministic) and runs the epilogue.
 // One thread (tid 0 of the WARPS warps that computed) publishes for the CTA: barrier, then a gpu-scope
@@ -499,12 +506,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   sync();
   decode_trace(trace_slot);
   if (!*s_last) return;
-#pragma unroll
-  for (int r = 0; r < RW; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+  zero_acc(acc);
   constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
   constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
   for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
@@ -536,10 +538,13 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
 // The units of a launch (grouped: read from the device schedule) and CTA b's range of them. The host sizes
 // the grid to at most `units` (dense); grouped grids are sized for the most experts a call can touch, so
 // CTAs past the actual unit count leave (returns false), and the others split the units among themselves
-// (every range non-empty, which the fixup's arrival count relies on).
+// (every range non-empty, which the fixup's arrival count relies on). Every CTA lets the next kernel
+// launch here; a grouped one first waits for the align kernel that wrote the schedule it reads.
 template <bool kGrouped>
 __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units, int64_t& G, int64_t& u_begin,
                                           int64_t& u_end) {
+  griddep_launch_dependents();
+  if constexpr (kGrouped) griddep_wait();
   units = p.units;
   if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_units;
   G = min(int64_t(gridDim.x), units);
@@ -550,7 +555,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-// U: the stream-K unit in chunks (DecodeParams::unit_chunks must equal it).
+// U: the stream-K unit in chunks (the host computes DecodeParams::k_units with the same unit).
 template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false, int U = 8>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
@@ -566,8 +571,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K unit) space, row-group major
   // (a unit: unit_chunks 64-K chunks, a K slice by default).
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
-  griddep_launch_dependents();
-  if constexpr (kGrouped) griddep_wait();  // the schedule was written by the align kernel
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
@@ -587,12 +590,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     for (int r = 0; r < RW; ++r) rt[r] = (lrg * WARPS + warp) * RW + r;
 
     float acc[RW][NT][4];
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+    zero_acc(acc);
 
     // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
     // records are loaded one slice ahead and decoded when its first stage comes up. With units smaller

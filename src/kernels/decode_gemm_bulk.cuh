@@ -5,7 +5,7 @@
 //   deterministic fixup, epilogue and grouped (MoE) mode; only how the weights reach the registers differs.
 //   Launch with (WARPS + 1) * 32 threads and bulk_smem_bytes(WARPS, RW, S, NT) bytes of dynamic shared
 //   memory. The kernel body exists for sm_90 only; the dispatcher never picks it elsewhere. Stream-K
-//   units are whole K slices (unit_chunks = 8; the plan enforces it).
+//   units are whole K slices (unit_chunks = 8; configs.h checks the table).
 //
 // Why it is shaped this way
 //   The register-ring kernel issues its loads from the same warps that dequantise: a warp's next loads
@@ -37,7 +37,7 @@ constexpr int kBulkScaleBytes = 32 * 16;
 __host__ __device__ constexpr int bulk_stage_bytes(int warps, int rw) { return warps * rw * (kBulkTileBytes + kBulkScaleBytes); }
 // Dynamic shared memory of a launch: the ring, then the two X slice buffers.
 __host__ __device__ constexpr int bulk_smem_bytes(int warps, int rw, int stages, int n_tiles) {
-  return stages * bulk_stage_bytes(warps, rw) + 2 * 8 * n_tiles * kXRowElems * 2;
+  return stages * bulk_stage_bytes(warps, rw) + x_stage_bytes_for(n_tiles);
 }
 
 // ---- mbarrier and bulk-copy wrappers (sm_90) -----------------------------------------------------------
@@ -106,8 +106,6 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   uint8_t* ring = bulk_smem;                                    // [S][kStage]
   T* x_smem = reinterpret_cast<T*>(bulk_smem + S * kStage);     // [2][8*NT][kXRowElems]
 
-  griddep_launch_dependents();
-  if constexpr (kGrouped) griddep_wait();  // the schedule was written by the align kernel
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
@@ -165,14 +163,8 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
 #pragma unroll
     for (int r = 0; r < RW; ++r) rt[r] = (lrg * WARPS + warp) * RW + r;
     float acc[2][RW][NT][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int r = 0; r < RW; ++r)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[h][r][nt][e] = 0.0f;
+    zero_acc(acc[0]);
+    zero_acc(acc[1]);
 
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
     consumer_sync<kConsumers>();  // the previous segment's last slice is no longer read from either X buffer
