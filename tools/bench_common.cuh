@@ -90,6 +90,27 @@ double median(std::vector<float> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// Median milliseconds of `iters` runs of launch(r) on stream s, each between its own pair of events.
+template <typename Launch>
+double median_event_ms(cudaStream_t s, int iters, Launch launch) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < iters; ++r) {
+    CK(cudaEventRecord(a, s));
+    launch(r);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t);
+}
+
 // Time `calls` invocations of fn(i) captured in one graph; returns per-call us (median of replays, after
 // `warmups` untimed replays).
 template <typename Fn>
@@ -100,47 +121,18 @@ double graph_time_us(cudaStream_t s, int calls, int replays, Fn fn, int warmups 
   for (int i = 0; i < calls; ++i) fn(i);
   CK(cudaStreamEndCapture(s, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   for (int w = 0; w < warmups; ++w) CK(cudaGraphLaunch(exec, s));
-  std::vector<float> t;
-  for (int r = 0; r < replays; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
+  const double ms = median_event_ms(s, replays, [&](int) { CK(cudaGraphLaunch(exec, s)); });
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return median(t) * 1000.0 / calls;
+  return ms * 1000.0 / calls;
 }
 
 // Eager per-call time: each call between its own events (after `warmups` untimed calls).
 template <typename Fn>
 double eager_time_us(cudaStream_t s, int copies, int iters, Fn fn, int warmups = 3) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   for (int w = 0; w < warmups; ++w) fn(w % copies);
-  std::vector<float> t;
-  for (int r = 0; r < iters; ++r) {
-    CK(cudaEventRecord(a, s));
-    fn(r % copies);
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return median(t) * 1000.0;
+  return median_event_ms(s, iters, [&](int r) { fn(r % copies); }) * 1000.0;
 }
 
 // A graph-timed and an eager-timed measurement with the counts it used. Calls run over rotating weight
