@@ -396,18 +396,26 @@ TEST(moe_bf16_matches_reference) {
     }
 }
 
-TEST(moe_bf16_gpt_oss_shape) {  // H = I = 2880, SwiGLU, interleaved, biases; T = 1 and 16 tokens
+// The gpt-oss layer shape: H = I = 2880 (not a multiple of 512), SwiGLU, interleaved gate/up, biases,
+// 8 experts, top-4, 3 tokens.
+static Case gpt_oss_case() {
+  Case c;
+  c.E = 8;
+  c.top_k = 4;
+  c.T = 3;
+  c.H = 2880;
+  c.I = 2880;
+  c.act = MoEActivation::kSwigluOAI;
+  c.layout = GateUpLayout::kInterleaved;
+  c.bias = true;
+  return c;
+}
+
+TEST(moe_bf16_gpt_oss_shape) {  // BF16 experts, T = 1 and 16 tokens
   for (int64_t T : {int64_t(1), int64_t(16)}) {
-    Case c;
+    Case c = gpt_oss_case();
     c.bf16 = true;
-    c.E = 8;
-    c.top_k = 4;
     c.T = T;
-    c.H = 2880;
-    c.I = 2880;
-    c.act = MoEActivation::kSwigluOAI;
-    c.layout = GateUpLayout::kInterleaved;
-    c.bias = true;
     c.routing = T == 16 ? Case::kSkewed : Case::kRandom;
     check_case(c);
     if (quick()) break;
@@ -467,35 +475,18 @@ TEST(moe_fp16_saturates_out_of_range_gate_up) {
     }
 }
 
-TEST(moe_fp16_gpt_oss_shape) {  // H = I = 2880 (not a multiple of 512), SwiGLU, interleaved, biases, FP16
+TEST(moe_fp16_gpt_oss_shape) {  // FP16 activations, both formats
   for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
-    Case c;
+    Case c = gpt_oss_case();
     c.f16 = true;
     c.f = f;
-    c.E = 8;
-    c.top_k = 4;
-    c.T = 3;
-    c.H = 2880;
-    c.I = 2880;
-    c.act = MoEActivation::kSwigluOAI;
-    c.layout = GateUpLayout::kInterleaved;
-    c.bias = true;
     check_case(c);
     if (quick()) break;
   }
 }
 
-TEST(moe_gpt_oss_shape) {  // H = I = 2880 (not a multiple of 512), SwiGLU, interleaved, biases
-  Case c;
-  c.E = 8;
-  c.top_k = 4;
-  c.T = 3;
-  c.H = 2880;
-  c.I = 2880;
-  c.act = MoEActivation::kSwigluOAI;
-  c.layout = GateUpLayout::kInterleaved;
-  c.bias = true;
-  check_case(c);
+TEST(moe_gpt_oss_shape) {
+  check_case(gpt_oss_case());
 }
 
 TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
