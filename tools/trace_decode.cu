@@ -32,19 +32,6 @@ using namespace fp4bench;
 
 namespace {
 
-__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = h & 0x77777777u;  // finite codes and scales (no E4M3 NaN bytes)
-  }
-}
-__global__ void fill_float(float* p, size_t n, float v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
-}
-
 using Fn = void (*)(const kernels::DecodeParams);
 template <int NT, int RW, int W, int MINB, int CH, int D, int U>
 Fn trace_kernel() {
@@ -117,16 +104,21 @@ int main(int argc, char** argv) {
     PackedLayout l;
     CKS(packed_layout(Format::kNVFP4, n, k, &l));
     const int copies = int(std::max<size_t>(2, (2 * size_t(prop.l2CacheSize)) / l.total_bytes + 2));
+    // Random codes, E4M3 scales and small activations (bench_common's fills); out_scale a constant.
     std::vector<void*> wp(copies);
-    for (auto& p : wp) {
+    const std::vector<float> out_scale(l.out_scale_bytes / sizeof(float), 1e-3f);
+    for (size_t c = 0; c < wp.size(); ++c) {
+      uint8_t* p = nullptr;
       CK(cudaMalloc(&p, l.total_bytes));
-      fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(p), l.total_bytes / 4, uint32_t(reinterpret_cast<uintptr_t>(p)));
-      fill_float<<<64, 256>>>(reinterpret_cast<float*>(static_cast<uint8_t*>(p) + l.out_scale_offset), size_t(l.n_pad), 1e-3f);
+      launch_fill(fill_bytes, p + l.weights_offset, l.weights_bytes, uint32_t(c + 1));
+      launch_fill(fill_scales, p + l.scales_offset, l.scales_bytes, uint32_t(c + 101), 1);
+      CK(cudaMemcpy(p + l.out_scale_offset, out_scale.data(), out_scale.size() * sizeof(float), cudaMemcpyHostToDevice));
+      wp[c] = p;
     }
     void *x = nullptr, *y = nullptr;
     CK(cudaMalloc(&x, size_t(m) * k * 2));
     CK(cudaMalloc(&y, size_t(m) * n * 2));
-    fill_kernel<<<256, 256>>>(static_cast<uint32_t*>(x), size_t(m) * k / 2, 7u);  // bf16 pairs, finite
+    fill16(x, size_t(m) * k, 7u, true);
     detail::DecodePlan plan;
     CKS(detail::make_plan(m, PackedWeight{Format::kNVFP4, n, k, wp[0]}, DType::kBF16, cfg_id, &plan));
     void* ws = nullptr;
