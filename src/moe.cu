@@ -173,46 +173,46 @@ __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const flo
 }
 
 // ---- the grouped GEMM kernels ----------------------------------------------------------------------
-// The config table's first entry for each n_tiles and pipeline (the dispatcher's default for small
-// layers), instantiated in grouped mode for BF16 and FP16 activations.
+// The config table's first register-ring entry for each n_tiles (the dispatcher's default for small
+// layers), instantiated in grouped mode for BF16 and FP16 activations. (The bulk pipeline measured slower
+// here: gpt-oss-120b MXFP4, T = 4: 115 vs 96 us at 0773a97; MoE segments are short and its 8 consumer
+// warps per CTA issue fewer dequantisations per SM.)
 using GroupedFn = detail::DecodeKernelFn;
 
-constexpr int first_index(int n_tiles, int pipeline, int row_tiles = 0) {
+constexpr int first_index(int n_tiles, int row_tiles = 0) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == pipeline &&
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing &&
         (row_tiles == 0 || kKernelConfigs[i].row_tiles == row_tiles))
       return i;
   return -1;
 }
-// The entry a grouped GEMM runs for (n_tiles, pipeline, activation dtype). FP16 at 32 tokens per pass takes
-// the first entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in
-// grouped mode with NVFP4 and FP16 (ptxas, 128 registers under its launch bounds); BF16 does not.
-constexpr int grouped_index(int n_tiles, int pipeline, bool f16) {
-  return f16 && n_tiles == 4 && first_index(4, pipeline, 1) >= 0 ? first_index(4, pipeline, 1)
-                                                                  : first_index(n_tiles, pipeline);
+// The entry a grouped GEMM runs for (n_tiles, activation dtype). FP16 at 32 tokens per pass takes the first
+// entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in grouped mode
+// with NVFP4 and FP16 (ptxas, 128 registers under its launch bounds); BF16 does not.
+constexpr int grouped_index(int n_tiles, bool f16) {
+  return f16 && n_tiles == 4 && first_index(4, 1) >= 0 ? first_index(4, 1) : first_index(n_tiles);
 }
-template <Format F, typename T, int NT, int P>
+template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {
-  constexpr int i = grouped_index(NT, P, std::is_same<T, __half>::value);
-  static_assert(i >= 0, "the config table has no decode entry for this n_tiles and pipeline");
+  constexpr int i = grouped_index(NT, std::is_same<T, __half>::value);
+  static_assert(i >= 0, "the config table has no register-ring entry for this n_tiles");
   return detail::decode_kernel_of<F, T, size_t(i), true>();
 }
-template <Format F, typename T, int P>
+template <Format F, typename T>
 GroupedFn grouped_kernel(int n_tiles) {
   switch (n_tiles) {
-    case 1: return grouped_instance<F, T, 1, P>();
-    case 2: return grouped_instance<F, T, 2, P>();
-    case 4: return grouped_instance<F, T, 4, P>();
-    default: return grouped_instance<F, T, 8, P>();
+    case 1: return grouped_instance<F, T, 1>();
+    case 2: return grouped_instance<F, T, 2>();
+    case 4: return grouped_instance<F, T, 4>();
+    default: return grouped_instance<F, T, 8>();
   }
 }
-template <typename T, int P>
+template <typename T>
 GroupedFn grouped_kernel(Format f, int n_tiles) {
-  return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, T, P>(n_tiles) : grouped_kernel<Format::kMXFP4, T, P>(n_tiles);
+  return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, T>(n_tiles) : grouped_kernel<Format::kMXFP4, T>(n_tiles);
 }
-template <int P>
 GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
-  return act == DType::kF16 ? grouped_kernel<__half, P>(f, n_tiles) : grouped_kernel<__nv_bfloat16, P>(f, n_tiles);
+  return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles) : grouped_kernel<__nv_bfloat16>(f, n_tiles);
 }
 int n_tiles_for(int64_t tokens) {
   const int64_t t = std::min<int64_t>(tokens, kPassTokens);
@@ -233,12 +233,9 @@ struct GroupedPlan {
 Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, GroupedPlan* out) {
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
-  // The register ring: the bulk pipeline measured slower here (gpt-oss-120b MXFP4, T = 4: 115 vs 96 us at
-  // 0773a97): MoE segments are short and 8 consumer warps per CTA issue fewer dequantisations per SM.
   FP4KIT_RETURN_IF_ERROR(
-      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles, kRing, act == DType::kF16)].id,
-                        &p.dense));
-  p.fn = grouped_kernel<kRing>(w.format, act, n_tiles);
+      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles, act == DType::kF16)].id, &p.dense));
+  p.fn = grouped_kernel(w.format, act, n_tiles);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
