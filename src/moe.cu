@@ -1,7 +1,7 @@
-// moe.cu: the fused Mixture-of-Experts layer (fp4kit/moe.h) for decode-sized token counts.
+// moe.cu: the fused Mixture-of-Experts layer (fp4kit/moe.h).
 //
-// Contract: see fp4kit/moe.h. One pass per 64 tokens, five launches per pass, all stream-ordered and
-// sized on the host from shapes only (CUDA-graph safe):
+// Contract: see fp4kit/moe.h. Decode path: one pass per 64 tokens, five launches per pass, all
+// stream-ordered and sized on the host from shapes only (CUDA-graph safe):
 //   1. align      one CTA: counts per expert, sorted-row offsets, the active-expert list, for every
 //                 (token, slot) pair its sorted row, and for every sorted row its token. Rows of one expert
 //                 are in arrival order (atomics): the order does not change any value, since every row of
@@ -16,6 +16,14 @@
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
 // Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
+//
+// Tensor-core path (FP4 experts, sm_90a, large T): passes of up to kMoETensorCorePassTokens tokens, six
+// launches per pass: align (which also numbers each expert's token tiles), a gather of X into sorted row
+// order (the grouped prefill GEMM reads X by TMA, which takes contiguous rows; the gathered copy costs
+// T * top_k * H * 2 bytes of traffic, ~1% of the GEMMs' time at T = 4096), gate_up and down as grouped
+// prefill GEMMs (prefill_gemm_sm90.cuh, kGrouped: one launch covers every expert's 128-row x BN-token
+// tiles), and the same activation and combine. The gathered X lives where the down GEMM's output goes
+// (it is dead by then), so the workspace is the decode path's per pair.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,6 +40,7 @@
 #include "kernels/moe_bf16_gemm.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
+#include "prefill.h"
 #include "repack_common.h"
 
 namespace fp4kit {
@@ -45,16 +54,20 @@ using detail::check_shape;
 using detail::str;
 
 // ---- 1. align --------------------------------------------------------------------------------------
-// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E] | cursor[E] | row_of_pair[P]
-// | token_of_row[P].
+// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E] | cursor[E] | tile_offset[E+1]
+// | row_of_pair[P] | token_of_row[P].
 struct AlignBufs {
   int* n_active;
   int* offset;
   int* active;
   int* cursor;
+  int* tile_offset;  // tensor-core path: first token tile of each expert (tiles of tile_bn rows)
   int* row_of_pair;
   int* token_of_row;
 };
+constexpr size_t align_ints(int experts, int pairs) {
+  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts) + 2 * size_t(pairs);
+}
 
 // A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
 // duplicate would give one expert more rows than tokens; like a bad id, it makes the token's output NaN).
@@ -67,7 +80,8 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
 }
 
 __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
-                                                                   AlignBufs b, int* counters, int n_counters) {
+                                                                   int tile_bn, AlignBufs b, int* counters,
+                                                                   int n_counters) {
   extern __shared__ int s_count[];  // [experts]
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();  // the ids and the workspace: written by earlier kernels
@@ -83,14 +97,17 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
     // E is at most a few hundred: one serial pass is shorter than a parallel scan's barriers. The active
     // list is ascending, so the stream-K split of each expert (and with it every sum) is the same on
     // every call with the same routing.
-    int run = 0, n = 0;
+    int run = 0, n = 0, tiles = 0;
     for (int e = 0; e < experts; ++e) {
       b.offset[e] = run;
       b.cursor[e] = run;
+      b.tile_offset[e] = tiles;
       run += s_count[e];
+      if (tile_bn > 0) tiles += (s_count[e] + tile_bn - 1) / tile_bn;
       if (s_count[e] > 0) b.active[n++] = e;
     }
     b.offset[experts] = run;
+    b.tile_offset[experts] = tiles;
     *b.n_active = n;
   }
   __syncthreads();
@@ -101,6 +118,19 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
       b.token_of_row[row] = i / top_k;
     }
     b.row_of_pair[i] = row;
+  }
+}
+
+// ---- tensor-core path: X in sorted row order ----------------------------------------------------------
+// xs[r] = x[token_of_row[r]] for the routed rows r < offset[E], 16 bytes per thread and step.
+__global__ void moe_gather_kernel(const uint4* x, const int* token_of_row, const int* n_rows, int row_vecs, uint4* xs) {
+  kernels::griddep_launch_dependents();
+  kernels::griddep_wait();
+  const int64_t total = int64_t(*n_rows) * row_vecs;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / row_vecs;
+    const int c = int(idx % row_vecs);
+    xs[idx] = x[int64_t(token_of_row[r]) * row_vecs + c];
   }
 }
 
@@ -276,11 +306,15 @@ Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
   return Status::Ok();
 }
 
-// Workspace layout for one pass of up to kPassTokens tokens (reused by every pass, stream-ordered).
+// Workspace layout for one pass of up to pass_tokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
   int pairs = 0, max_active = 0;
+  int64_t pass_tokens = kPassTokens;
   bool bf16 = false;
-  GroupedPlan gu, dn;  // FP4 experts
+  bool tc = false;     // FP4 experts on the tensor-core path
+  GroupedPlan gu, dn;  // FP4 experts, decode path
+  detail::GroupedPrefillPlan tgu, tdn;  // FP4 experts, tensor-core path
+  int tc_max_tiles = 0;                 // token tiles the grouped prefill grids cover
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
@@ -288,14 +322,46 @@ struct MoEPlan {
   size_t counters_bytes = 0;
 };
 
+// Whether FP4 experts take the tensor-core path (sm_90a code present and enough tokens, or forced).
+Status choose_tensor_core(const MoEArgs& a, bool* tc) {
+  *tc = false;
+  const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
+  if (a.path == MoEPath::kDecode) return Status::Ok();
+  if (a.path == MoEPath::kTensorCore) {
+    if (!fp4) return Status::Unsupported("path: the tensor-core path runs FP4 experts only (these are BF16)");
+    if (!detail::prefill_runs_here())
+      return Status::Unsupported("path: the tensor-core path needs an sm_90 device and a build with CUDA architecture 90a");
+    *tc = true;
+    return Status::Ok();
+  }
+  *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && detail::prefill_runs_here();
+  return Status::Ok();
+}
+
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
-  p.pairs = int(std::min<int64_t>(a.tokens, kPassTokens)) * a.top_k;
+  FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc));
+  p.pass_tokens = p.tc ? kMoETensorCorePassTokens : kPassTokens;
+  const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens);
+  p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
   const int n_tiles = n_tiles_for(a.tokens);
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
   p.pdl = detail::pdl_enabled_here();
-  if (p.bf16) {
+  if (p.tc) {
+    // Token tile: 128 rows where an expert has ~a tile of them on average, else 64 (a partial tile
+    // computes empty columns; a second tile re-reads the expert's weights, mostly from L2).
+    const int bn = p.pairs / p.max_active >= 96 ? 128 : 64;
+    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, bn, &p.tgu));
+    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, bn, &p.tdn));
+    // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
+    p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return Status(Code::kCudaError, "device: no usable CUDA device");
+    }
+  } else if (p.bf16) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
     p.sms = p.bgu.sms;
@@ -304,7 +370,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_active, n_tiles, &p.dn));
     p.sms = p.gu.sms;
   }
-  const size_t ints = 1 + size_t(a.num_experts + 1) + 2 * size_t(a.num_experts) + 2 * size_t(p.pairs);
+  const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
   p.ints_off = off;
   off = align256(off + ints * sizeof(int));
@@ -316,13 +382,13 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.o_off = off;
   off = align256(off + size_t(p.pairs) * a.hidden * eb);
   p.counters_off = off;
-  if (!p.bf16) {  // the BF16 GEMV has no split-K: no arrival counters, no partials
+  if (!p.bf16 && !p.tc) {  // the BF16 GEMV and the grouped prefill GEMM have no split-K
     p.counters_bytes =
         align256(size_t(p.max_active) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
   }
   off += p.counters_bytes;
   p.partials_off = off;
-  if (!p.bf16) {
+  if (!p.bf16 && !p.tc) {
     off += std::max(size_t(p.gu.grid) * 2 * detail::partial_slot_bytes(*p.gu.dense.cfg),
                     size_t(p.dn.grid) * 2 * detail::partial_slot_bytes(*p.dn.dense.cfg));
   }
@@ -402,6 +468,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
   if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
     return Status::Invalid("layout: must be concatenated or interleaved");
   if (!(a.limit > 0.0f) || !std::isfinite(a.alpha)) return Status::Invalid("alpha, limit: must be finite, limit > 0");
+  if (a.path != MoEPath::kAuto && a.path != MoEPath::kDecode && a.path != MoEPath::kTensorCore)
+    return Status::Invalid("path: must be MoEPath::kAuto, kDecode or kTensorCore (got " + std::to_string(int(a.path)) + ")");
   return make_moe_plan(a, plan);
 }
 
@@ -442,6 +510,14 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
   return Status::Ok();
 }
 
+Status moe_path(const MoEArgs& a, MoEPath* path) {
+  if (!path) return Status::Invalid("path: must not be null");
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
+  *path = plan.tc ? MoEPath::kTensorCore : MoEPath::kDecode;
+  return Status::Ok();
+}
+
 Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   MoEPlan plan;
   FP4KIT_RETURN_IF_ERROR(validate(a, &plan));
@@ -453,7 +529,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   b.offset = ints + 1;
   b.active = b.offset + E + 1;
   b.cursor = b.active + E;
-  b.row_of_pair = b.cursor + E;
+  b.tile_offset = b.cursor + E;
+  b.row_of_pair = b.tile_offset + E + 1;
   b.token_of_row = b.row_of_pair + plan.pairs;
   void* h = ws + plan.h_off;  // intermediates of the activation dtype
   void* act = ws + plan.a_off;
@@ -528,14 +605,44 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
                             static_cast<__nv_bfloat16*>(y));
   };
 
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += kPassTokens) {
-    const int tokens = int(std::min<int64_t>(kPassTokens, a.tokens - t0));
+  // Tensor-core path: one grouped prefill GEMM over the pass's `rows` sorted rows.
+  auto launch_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
+                       void* y) {
+    detail::GroupedPrefillArgs g;
+    g.x = x;
+    g.y = y;
+    g.rows = rows;
+    g.offset = b.offset;
+    g.tile_offset = b.tile_offset;
+    g.experts = E;
+    g.max_tiles = plan.tc_max_tiles;
+    g.base = w.data;
+    g.stride = w.stride;
+    g.bias = w.bias;
+    g.act = a.act;
+    return detail::launch_prefill_grouped(tp, g, stream);
+  };
+
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += plan.pass_tokens) {
+    const int tokens = int(std::min<int64_t>(plan.pass_tokens, a.tokens - t0));
     const int pairs = tokens * a.top_k;
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl,
-                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, b, counters,
+                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, b, counters,
                           int(plan.counters_bytes / sizeof(int)));
+    if (plan.tc) {
+      // X gathered into sorted rows where the down GEMM's output goes later (o: [pairs, H], dead until then).
+      const int row_vecs = int(a.hidden * eb / 16);
+      detail::launch_kernel(&moe_gather_kernel, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const uint4*>(x), static_cast<const int*>(b.token_of_row),
+                            static_cast<const int*>(b.offset + E), row_vecs, static_cast<uint4*>(o));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
+      launch_activation();
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
+      launch_combine(t0, tokens, y);
+      continue;
+    }
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
     else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
     launch_activation();

@@ -28,26 +28,30 @@ struct PrefillKernel {
   PrefillFn fn = nullptr;
   int smem = 0, stages = 0, partial_floats = 0;
 };
-template <Format F, typename T, int BN>
+template <Format F, typename T, int BN, bool kGrouped>
 PrefillKernel kernel_of() {
   using G = pk::Geometry<BN>;
-  return {pk::prefill_gemm_kernel<F, T, BN>, G::kSmem, G::kStages, G::kPartialFloats};
+  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped>, G::kSmem, G::kStages, G::kPartialFloats};
 }
-template <Format F, typename T>
+// Grouped (MoE) kernels exist for BN = 64 and 128 only: an expert rarely has 256 tokens of a pass.
+template <Format F, typename T, bool kGrouped>
 PrefillKernel kernel_for_tile(int bn) {
   switch (bn) {
-    case 64: return kernel_of<F, T, 64>();
-    case 128: return kernel_of<F, T, 128>();
-    case 256: return kernel_of<F, T, 256>();
+    case 64: return kernel_of<F, T, 64, kGrouped>();
+    case 128: return kernel_of<F, T, 128, kGrouped>();
+    case 256:
+      if constexpr (!kGrouped) return kernel_of<F, T, 256, false>();
+      return {};
     default: return {};
   }
 }
+template <bool kGrouped>
 PrefillKernel select_kernel(Format f, DType act, int bn) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn)
-                               : kernel_for_tile<Format::kNVFP4, __half>(bn);
-  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn)
-                             : kernel_for_tile<Format::kMXFP4, __half>(bn);
+    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn)
+                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn);
+  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn)
+                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), resolved once.
@@ -112,12 +116,12 @@ bool prefill_runs_here() {
     cudaGetLastError();
     return false;
   }
-  return major == 9 && check_image(select_kernel(Format::kNVFP4, DType::kBF16, 64).fn).ok();
+  return major == 9 && check_image(select_kernel<false>(Format::kNVFP4, DType::kBF16, 64).fn).ok();
 }
 
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
   const int bn = 8 * cfg.n_tiles;
-  const PrefillKernel k = select_kernel(w.format, act, bn);
+  const PrefillKernel k = select_kernel<false>(w.format, act, bn);
   if (!k.fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no prefill kernel");
   if (k.stages != cfg.stages || cfg.warps != 4 * pk::kConsumerWarpgroups || cfg.row_tiles != 1 ||
       cfg.chunks != pk::kStageChunks)
@@ -151,24 +155,28 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   return Status::Ok();
 }
 
-Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
-  const PackedLayout& l = plan.layout;
-  const int bn = 8 * plan.cfg->n_tiles;
-
-  // ---- X as a TMA tensor: {K, m} elements, rows K*2 bytes apart, boxes of {64 K, BN tokens} with the
-  // 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past K, past m) read as zero.
+// X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, BN tokens} with the
+// 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past k, past rows) read as zero.
+Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map) {
   EncodeTiledFn encode = nullptr;
   FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(a.w.k), cuuint64_t(a.m)};
-  const cuuint64_t strides[1] = {cuuint64_t(a.w.k) * 2};
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
   const cuuint32_t box[2] = {64, cuuint32_t(bn)};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(&map, a.act == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, const_cast<void*>(a.x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  const CUresult r = encode(map, act == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return Status(Code::kCudaError, "prefill: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
+Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  const PackedLayout& l = plan.layout;
+  const int bn = 8 * plan.cfg->n_tiles;
+  CUtensorMap map;
+  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, a.w.k, a.m, a.act, bn, &map));
 
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
   pk::PrefillParams p{};
@@ -193,6 +201,56 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   fn<<<unsigned(plan.grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, int bn, GroupedPrefillPlan* out) {
+  const PrefillKernel kn = select_kernel<true>(f, act, bn);
+  if (!kn.fn) return Status(Code::kInternal, "grouped prefill: no kernel for token tile " + std::to_string(bn));
+  FP4KIT_RETURN_IF_ERROR(check_image(kn.fn));
+  int per_sm = 0;  // sets the dynamic shared memory attribute
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(kn.fn), pk::kThreads, kn.smem, nullptr, nullptr, &per_sm));
+  GroupedPrefillPlan p;
+  FP4KIT_RETURN_IF_ERROR(packed_layout(f, n, k, &p.layout));
+  p.kernel = reinterpret_cast<const void*>(kn.fn);
+  p.threads = pk::kThreads;
+  p.smem_bytes = kn.smem;
+  p.bn = bn;
+  p.row_blocks = int((p.layout.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
+  *out = p;
+  return Status::Ok();
+}
+
+Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
+  const PackedLayout& l = plan.layout;
+  CUtensorMap map;
+  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn, &map));
+  pk::PrefillParams p{};
+  p.y = a.y;
+  p.m = int(a.rows);
+  p.n = int(l.n);
+  p.row_tiles = int(l.row_tiles);
+  p.k_chunks = int(l.k_chunks);
+  p.k_macros = int(l.k_macros);
+  p.row_blocks = plan.row_blocks;
+  p.token_tiles = a.max_tiles;
+  p.splits = 1;
+  pk::PrefillGroup& g = p.group;
+  g.offset = a.offset;
+  g.tile_offset = a.tile_offset;
+  g.experts = a.experts;
+  g.base = static_cast<const uint8_t*>(a.base);
+  g.stride = a.stride;
+  g.weights_offset = l.weights_offset;
+  g.scales_offset = l.scales_offset;
+  g.out_scale_offset = l.out_scale_offset;
+  g.bias = a.bias;
+  const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
+  if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
+  const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
+  fn<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped prefill launch: ") + cudaGetErrorString(e));
   return Status::Ok();
 }
 

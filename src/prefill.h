@@ -21,6 +21,32 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
 // synchronisation.
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream);
 
+// The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
+struct GroupedPrefillPlan {
+  const void* kernel = nullptr;
+  int threads = 0, smem_bytes = 0, bn = 0;
+  int row_blocks = 0;  // of 128 weight rows
+  PackedLayout layout;  // of one expert's matrix
+};
+// For experts of (format, n, k) with `act` activations and token tile bn (64 or 128). kNotSupported when
+// this build has no sm_90a code for it.
+Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, int bn, GroupedPrefillPlan* out);
+
+struct GroupedPrefillArgs {
+  const void* x = nullptr;  // [rows, k] of act, the experts' rows one expert after another
+  void* y = nullptr;        // [rows, n] of act, same row order
+  int64_t rows = 0;
+  const int* offset = nullptr;       // [experts + 1] on the device
+  const int* tile_offset = nullptr;  // [experts + 1] on the device, in tiles of plan.bn
+  int experts = 0;
+  int max_tiles = 0;                 // the most token tiles offset/tile_offset can describe: the grid
+  const void* base = nullptr;        // expert e's prepacked matrix at base + e * stride
+  size_t stride = 0;
+  const void* bias = nullptr;        // [experts, n] or null
+  DType act = DType::kBF16;
+};
+Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
+
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.
 bool prefill_runs_here();

@@ -2,7 +2,7 @@
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
 //                    [--t 1,4,16,64,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
-//                    [--replays N] [--act bf16|f16]
+//                    [--replays N] [--act bf16|f16] [--path auto|decode|tc]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
@@ -12,13 +12,14 @@
 // 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
 // graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
 // TFLOP/s = 2 T top_k (H 2I + I H) / time (the layer's useful flops), against ~790 TFLOP/s (an H200's BF16
-// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes of 64 tokens (fp4kit/moe.h), each
-// pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
+// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes (64 tokens on the decode path, 4096
+// on the tensor-core path; fp4kit/moe.h), each pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
 // from memory, up to L2 hits), touched_bytes once per call (what a single pass over all T would read).
 // The bytes a call must read are its touched experts' prepacked bytes (counted per routing, averaged over
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
-// same way (n * k * 2 per matrix). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
+// same way (n * k * 2 per matrix). --path forces fused_moe's path (MoEArgs::path; each row records the path
+// taken, and passes and streamed bytes follow that path's pass size). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
 // re-seeded per model and format).
 #include <cuda_runtime.h>
@@ -93,11 +94,13 @@ struct Row {
   int64_t H, I, T;
   double us, touched, bytes, tbps;
   int64_t nonfinite;
-  double streamed, tflops;  // bytes the 64-token passes stream; useful TFLOP/s
+  double streamed, tflops;  // bytes the passes stream; useful TFLOP/s
   int calls, replays;       // the timing's graph size and replay count
+  bool tc;                  // the tensor-core path ran
+  int64_t pass;             // its tokens per pass
 };
 
-constexpr int kPassTokens = 64;       // fused_moe's tokens per pass (fp4kit/moe.h)
+constexpr int kPassTokens = 64;       // the decode path's tokens per pass (fp4kit/moe.h)
 constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
 // FP16 runs: MXFP4 block scales 2^-6 lower (E8M0 2^-13 .. 2^-6; the BF16 runs keep 2^-7 .. 2^0), so that the
@@ -154,12 +157,13 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,512,2048,8192"},
                                             {"formats", "mxfp4,nvfp4,bf16"},
-                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"}};
+                                            {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"},
+                                            {"path", "auto"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]"
-                  " [--replays N] [--act bf16|f16]\n");
+                  " [--replays N] [--act bf16|f16] [--path auto|decode|tc]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -186,12 +190,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool act_bf16 = opt["act"] == "bf16";
+  if (opt["path"] != "auto" && opt["path"] != "decode" && opt["path"] != "tc") {
+    std::fprintf(stderr, "fp4kit-bench-moe: --path must be auto, decode or tc (got %s)\n", opt["path"].c_str());
+    return 2;
+  }
+  const MoEPath path = opt["path"] == "tc" ? MoEPath::kTensorCore : opt["path"] == "decode" ? MoEPath::kDecode : MoEPath::kAuto;
   constexpr int kRoutings = 16;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<Row> rows;
-  std::printf("%-14s %-6s %5s %10s %8s %10s %8s %6s %12s %8s %5s\n", "model", "format", "T", "us", "experts",
-              "MB touched", "TB/s", "roof", "tokens/s", "TFLOP/s", "calls");
+  std::printf("%-14s %-6s %5s %10s %8s %10s %8s %6s %12s %8s %5s %s\n", "model", "format", "T", "us", "experts",
+              "MB touched", "TB/s", "roof", "tokens/s", "TFLOP/s", "calls", "path");
   for (const MoEShape& sh : shapes) {
     for (const std::string& fname : split(opt["formats"])) {
       if (fname != "nvfp4" && fname != "mxfp4" && fname != "bf16") {
@@ -209,7 +218,24 @@ int main(int argc, char** argv) {
       std::mt19937 rng(1234);  // the same routings for every format
       for (const std::string& ts : split(opt["t"])) {
         const int64_t T = std::atoll(ts.c_str());
-        // Routings and their touched experts (per call, and per 64-token pass).
+        MoEArgs a;
+        a.tokens = T;
+        a.hidden = sh.H;
+        a.inter = sh.I;
+        a.num_experts = sh.E;
+        a.top_k = sh.top_k;
+        a.gate_up = ExpertWeights{f, 2 * sh.I, sh.H, gu.buf, gu.stride, gu.bias};
+        a.down = ExpertWeights{f, sh.H, sh.I, dn.buf, dn.stride, dn.bias};
+        if (bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
+        a.activation = sh.act;
+        a.layout = sh.layout;
+        a.act = act_bf16 ? DType::kBF16 : DType::kF16;
+        a.path = bf16 ? MoEPath::kAuto : path;
+        MoEPath taken = MoEPath::kDecode;
+        CKS(moe_path(a, &taken));
+        const bool tc = taken == MoEPath::kTensorCore;
+        const int64_t pass_tokens = tc ? kMoETensorCorePassTokens : kPassTokens;
+        // Routings and their touched experts (per call, and per pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
         std::vector<double> touched_of(kRoutings, 0.0), pass_experts_of(kRoutings, 0.0);
         std::vector<int> perm(size_t(sh.E));
@@ -218,7 +244,7 @@ int main(int argc, char** argv) {
           std::vector<float> wts(ids.size());
           std::set<int> used, used_pass;
           for (int64_t t = 0; t < T; ++t) {
-            if (t % kPassTokens == 0) {
+            if (t % pass_tokens == 0) {
               pass_experts_of[size_t(r)] += double(used_pass.size());
               used_pass.clear();
             }
@@ -242,20 +268,8 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&x, size_t(T * sh.H) * 2));
         CK(cudaMalloc(&y, size_t(T * sh.H) * 2));
         fill16(x, size_t(T * sh.H), 4242, act_bf16);
-        MoEArgs a;
-        a.tokens = T;
-        a.hidden = sh.H;
-        a.inter = sh.I;
-        a.num_experts = sh.E;
-        a.top_k = sh.top_k;
         a.x = x;
         a.y = y;
-        a.gate_up = ExpertWeights{f, 2 * sh.I, sh.H, gu.buf, gu.stride, gu.bias};
-        a.down = ExpertWeights{f, sh.H, sh.I, dn.buf, dn.stride, dn.bias};
-        if (bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
-        a.activation = sh.act;
-        a.layout = sh.layout;
-        a.act = act_bf16 ? DType::kBF16 : DType::kF16;
         size_t wsb = 0;
         CKS(moe_workspace_bytes(a, &wsb));
         CK(cudaMalloc(&ws, wsb));
@@ -299,12 +313,12 @@ int main(int argc, char** argv) {
         const double tbps = bytes / us * 1e-6;
         const double flops = 2.0 * double(T) * sh.top_k * double(sh.H * 2 * sh.I + sh.I * sh.H);
         const double tflops = flops / (us * 1e-6) / 1e12;
-        std::printf("%-14s %-6s %5lld %10.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f %8.1f %5d%s\n", sh.model.c_str(),
+        std::printf("%-14s %-6s %5lld %10.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f %8.1f %5d %s%s\n", sh.model.c_str(),
                     fname.c_str(), (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25,
-                    double(T) / us * 1e6, tflops, m.calls, nonfinite ? "  NONFINITE" : "");
+                    double(T) / us * 1e6, tflops, m.calls, tc ? "tc" : "decode", nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
-                           pass_experts * per_expert, tflops, m.calls, m.replays});
+                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, pass_tokens});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -343,7 +357,8 @@ int main(int argc, char** argv) {
        << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
-       << ", \"passes\": " << (r.T + kPassTokens - 1) / kPassTokens << ", \"streamed_bytes\": " << r.streamed
+       << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\""
+       << ", \"passes\": " << (r.T + r.pass - 1) / r.pass << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
        << ", \"replays\": " << r.replays;

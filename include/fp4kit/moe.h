@@ -37,9 +37,13 @@
 //     synchronisation: that token's output row is NaN (every other token is computed normally).
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
-//   - T up to 64 per internal pass; larger T runs in passes of 64 tokens, each streaming the experts its
-//     tokens touch (correct, not fast: ~T/64 times the T = 64 time; the prefill-kernel plan is in
-//     docs/moe-notes.md).
+//   - Two paths for FP4 experts (MoEArgs::path; kAuto picks by token count, see kMoETensorCoreMinTokens):
+//       decode:      the grouped decode GEMM (mma.sync), passes of up to 64 tokens, each streaming the
+//                    experts its tokens touch once; for small T (bandwidth-bound).
+//       tensor core: Hopper (sm_90a) only: the tokens' rows are gathered per expert and both projections
+//                    run through the grouped prefill GEMM (wgmma), passes of up to kMoETensorCorePassTokens
+//                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
+//     BF16 experts always take their grouped GEMV (passes of 64 tokens).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
 //     (the call clears what it relies on). One workspace per stream.
 #pragma once
@@ -80,6 +84,14 @@ struct ExpertWeights {
   ExpertKind kind = ExpertKind::kFP4;
 };
 
+enum class MoEPath : int {
+  kAuto = 0,        // tensor core from kMoETensorCoreMinTokens tokens on, where the device runs it
+  kDecode = 1,      // the grouped decode GEMM (any device)
+  kTensorCore = 2,  // the grouped wgmma GEMM (FP4 experts, sm_90a)
+};
+constexpr int64_t kMoETensorCoreMinTokens = 128;
+constexpr int64_t kMoETensorCorePassTokens = 4096;
+
 struct MoEArgs {
   int64_t tokens = 0;  // T
   int64_t hidden = 0;  // H
@@ -98,6 +110,7 @@ struct MoEArgs {
   void* y = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  MoEPath path = MoEPath::kAuto;
 };
 
 // Checks every argument (the messages name the argument and the rule).
@@ -105,5 +118,8 @@ Status moe_validate(const MoEArgs& a);
 // Workspace bytes fused_moe() needs for these shapes on the current device.
 Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes);
 Status fused_moe(const MoEArgs& a, cudaStream_t stream);
+// The path fused_moe() takes for these shapes and a.path on the current device: kDecode or kTensorCore
+// (BF16 experts: kDecode, their grouped GEMV).
+Status moe_path(const MoEArgs& a, MoEPath* path);
 
 }  // namespace fp4kit

@@ -15,6 +15,10 @@
 //   {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n
 //   and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
 //   traps.
+//   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
+//   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
+//   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
+//   next expert's X rows: those columns are computed and never written.
 //
 // Why it is shaped this way
 //   Past m ~ 32 the GEMM is compute-bound, so the tensor cores must be fed by wgmma (mma.sync reaches
@@ -90,6 +94,21 @@ template <int BN> struct Geometry {
   static_assert(kStages >= 2 && kSmem <= 227 * 1024 - 256, "ring does not fit");
 };
 
+// Grouped mode (MoE experts, kGrouped): the token tiles of all experts are numbered one after another;
+// expert e owns tiles [tile_offset[e], tile_offset[e + 1]) over its sorted rows [offset[e], offset[e + 1])
+// of X and Y (rows of one expert are contiguous: the MoE gathers X into that order). Both arrays are
+// written on the device by the MoE's align kernel, so the grid is sized for the most tiles any routing can
+// need (p.token_tiles) and CTAs past the routing's last tile exit at once.
+struct PrefillGroup {
+  const int* offset;       // [experts + 1] first sorted row of each expert
+  const int* tile_offset;  // [experts + 1] first token tile of each expert
+  int experts;
+  const uint8_t* base;     // expert e's prepacked buffer at base + e * stride
+  size_t stride;
+  size_t weights_offset, scales_offset, out_scale_offset;  // within one expert's buffer (packed_layout)
+  const void* bias;        // [experts, n] or null
+};
+
 struct PrefillParams {
   void* y;                 // [m, n]
   const void* bias;        // [n] or null
@@ -102,6 +121,17 @@ struct PrefillParams {
   int splits;                   // K splits per tile: the grid is row_blocks * token_tiles * splits CTAs
   int* counters;                // splits > 1: [row_blocks * token_tiles] arrival counters, zero between calls
   float* partials;              // splits > 1: [tile][split][kAcc / 4][kConsumerThreads] float4 partial tiles
+  PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
+};
+
+// What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
+// [tok_begin, tok_end) of which its tile covers tok_begin .. tok_begin + BN - 1.
+template <typename T> struct CtaOperands {
+  const uint8_t* weights;
+  const uint8_t* scales;
+  const float* out_scale;
+  const T* bias;
+  int tok_begin, tok_end;
 };
 
 // CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
@@ -301,7 +331,38 @@ __device__ __forceinline__ void chunk_fragments(uint32_t (&a)[4][4], uint32_t re
   }
 }
 
-template <Format F, typename T, int BN>
+// The CTA's operands; false (grouped mode) when its tile is past the routing's last tile.
+template <typename T, int BN, bool kGrouped>
+__device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_tile, CtaOperands<T>& o) {
+  o.weights = p.weights;
+  o.scales = p.scales;
+  o.out_scale = p.out_scale;
+  o.bias = static_cast<const T*>(p.bias);
+  o.tok_begin = token_tile * BN;
+  o.tok_end = p.m;
+  if constexpr (kGrouped) {
+    const PrefillGroup& g = p.group;
+    if (token_tile >= g.tile_offset[g.experts]) return false;
+    // The last expert whose first tile is <= token_tile: experts without tokens share their successor's
+    // tile_offset, so the last of equal entries is the one that owns the tile.
+    int lo = 0, hi = g.experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (g.tile_offset[mid] <= token_tile) lo = mid;
+      else hi = mid - 1;
+    }
+    const uint8_t* b = g.base + size_t(lo) * g.stride;
+    o.weights = b + g.weights_offset;
+    o.scales = b + g.scales_offset;
+    o.out_scale = reinterpret_cast<const float*>(b + g.out_scale_offset);
+    o.bias = g.bias ? static_cast<const T*>(g.bias) + int64_t(lo) * p.n : nullptr;
+    o.tok_begin = g.offset[lo] + (token_tile - g.tile_offset[lo]) * BN;
+    o.tok_end = g.offset[lo + 1];
+  }
+  return true;
+}
+
+template <Format F, typename T, int BN, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -315,6 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
   int row_block, token_tile, split;
   cta_tile(p, row_block, token_tile, split);
+  CtaOperands<T> op;
+  if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
   // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
   // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
   const int j_begin = int(int64_t(p.k_macros) * split / p.splits);
@@ -337,10 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (warp != 4 * kConsumerWarpgroups) return;
     if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
-    const int rt0 = row_block * kRowTilesPerCta, tok0 = token_tile * BN;
+    const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
     const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
     const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
-    const uint8_t* src = p.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
+    const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
     for (int s = s_begin; s < s_end; ++s) {
       const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
       mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
@@ -373,14 +436,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
   Scales<F, T> sc;
-  if (rt_ok) rec.load(p.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
+  if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
 
   // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
   // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
   for (int j = j_begin; j < j_end; ++j) {
     sc.decode(rec.v);
-    if (rt_ok && j + 1 < j_end) rec.load(p.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+    if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
 #pragma unroll
     for (int q = 0; q < kStagesPerSlice; ++q) {
       const int s = j * kStagesPerSlice + q;
@@ -474,21 +537,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // token 8j + 2t + e of the CTA's token tile.
   if (!rt_ok) return;
   const int g = lane >> 2, t = lane & 3;
-  const int tok0 = token_tile * BN;
+  const int tok0 = op.tok_begin;
   T* y = static_cast<T*>(p.y);
-  const T* bias = static_cast<const T*>(p.bias);
+  const T* bias = op.bias;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = rt * 16 + g + 8 * h;
     if (row >= p.n) continue;
-    const float f = p.out_scale[row];
+    const float f = op.out_scale[row];
     const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tok0 + 8 * j + 2 * t + e;
-        if (tok < p.m) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
       }
   }
 #else

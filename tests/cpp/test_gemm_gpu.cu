@@ -574,7 +574,8 @@ TEST(gemm_deterministic) {
 TEST(gemm_dependent_chain) {
   for (Format f : {Format::kNVFP4, Format::kMXFP4})
     for (int64_t m : {1, 16, 64}) {
-      const int64_t k1 = 1024, n1 = 2048 + 16, n2 = 1536;  // Y1 [m, n1] is the second GEMM's X (K = n1)
+      // Y1 [m, n1] is the second GEMM's X, so n1 is its K: a multiple of 32 (MXFP4's group), not of 64.
+      const int64_t k1 = 1024, n1 = 2048 + 32, n2 = 1536;
       CkptWeight w1 = fp4test::random_weight(f, n1, k1, rng()), w2 = fp4test::random_weight(f, n2, n1, rng());
       DeviceWeight d1, d2;
       prepack_both(w1, d1);

@@ -152,6 +152,7 @@ struct Case {
   bool bias = false;
   enum Routing { kRandom, kSkewed, kOneExpert } routing = kRandom;
   std::vector<std::pair<int, int>> bad;  // (pair index, id) overrides
+  MoEPath path = MoEPath::kAuto;
 };
 
 double act_ref(double g, double u, const Case& c) {
@@ -209,6 +210,7 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   a.activation = c.act;
   a.layout = c.layout;
   a.act = c.f16 ? DType::kF16 : DType::kBF16;
+  a.path = c.path;
   a.y = dy;
   size_t bytes = 0;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
@@ -340,6 +342,7 @@ void check_case(const Case& c) {
   CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < tol && cmp.cosine > 0.999)) &&
                 nan_ok == n_nan_rows * c.H,
             (c.bf16 ? "bf16" : format_name(c.f)) << (c.f16 ? " fp16" : " bf16-act") << (c.huge_bias ? " huge-bias" : "")
+                             << " path=" << int(c.path)
                              << " E=" << c.E << " k=" << c.top_k << " T=" << c.T << " H=" << c.H << " I=" << c.I
                              << " act=" << int(c.act) << " layout=" << int(c.layout) << " bias=" << c.bias
                              << " routing=" << int(c.routing) << ": rel_l2=" << cmp.rel_l2 << " cos=" << cmp.cosine
@@ -503,6 +506,83 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
   check_case(d);
 }
 
+// ---- the tensor-core path (sm_90a): grouped wgmma GEMMs over the experts' gathered rows -------------
+
+// Whether this device and build run the tensor-core path; prints the reason when they do not.
+bool tensor_core_path_here(const char* test) {
+  MoEArgs a;
+  a.tokens = 1;
+  a.hidden = 64;
+  a.inter = 64;
+  a.num_experts = 4;
+  a.top_k = 2;
+  a.gate_up = ExpertWeights{Format::kMXFP4, 128, 64, nullptr, 0, nullptr};
+  a.down = ExpertWeights{Format::kMXFP4, 64, 64, nullptr, 0, nullptr};
+  a.path = MoEPath::kTensorCore;
+  size_t bytes = 0;
+  const Status st = moe_workspace_bytes(a, &bytes);
+  if (!st.ok()) std::printf("  [skip] %s: %s\n", test, st.message().c_str());
+  return st.ok();
+}
+
+// Forced tensor-core path against the reference. Shapes: H = 160 (gate_up K of 2.5 64-K chunks:
+// NVFP4's odd last stage) and I = 96 (down K = 96), n = 192 and 160 (partial 128-row blocks). Tokens:
+// 1 (one row), 37 and 300 (partial token tiles; skewed: several tiles per expert), kOneExpert (every
+// token on experts 0..k-1: one expert with T rows, many tiles), T = 1000 with top-1 (128-token tiles),
+// and 4100 tokens (two passes of 4096).
+TEST(moe_tensor_core_matches_reference) {
+  if (!tensor_core_path_here("moe_tensor_core_matches_reference")) return;
+  struct TC { int64_t T; int k; Case::Routing r; bool f16; };
+  std::vector<TC> cases = {{1, 4, Case::kRandom, false}, {37, 2, Case::kSkewed, false}, {300, 4, Case::kRandom, false},
+                           {300, 8, Case::kOneExpert, true}, {1000, 1, Case::kRandom, false}};
+  if (!quick()) {
+    cases.push_back({300, 2, Case::kSkewed, true});
+    cases.push_back({130, 1, Case::kOneExpert, false});
+    cases.push_back({4100, 2, Case::kRandom, false});
+  }
+  for (Format f : {Format::kMXFP4, Format::kNVFP4})
+    for (const TC& t : cases) {
+      Case c;
+      c.path = MoEPath::kTensorCore;
+      c.f = f;
+      c.f16 = t.f16;
+      c.T = t.T;
+      c.top_k = t.k;
+      c.E = t.k == 8 ? 32 : 8 + 4 * t.k;
+      c.routing = t.r;
+      c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
+      c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+      c.bias = t.k != 2;
+      check_case(c);
+    }
+}
+
+// Automatic choice past kMoETensorCoreMinTokens (the tensor-core path here), with bad and duplicate ids.
+TEST(moe_tensor_core_bad_ids_give_nan_rows) {
+  if (!tensor_core_path_here("moe_tensor_core_bad_ids_give_nan_rows")) return;
+  Case c;
+  c.T = kMoETensorCoreMinTokens + 3;
+  c.top_k = 2;
+  c.E = 8;
+  c.routing = Case::kOneExpert;  // slot 0 = 0, slot 1 = 1
+  c.bad = {{2 * 1 + 1, 8}, {2 * 3 + 0, -1}, {2 * 40 + 1, 0}, {2 * 129 + 0, 1}};
+  check_case(c);
+}
+
+// The gpt-oss layer shape on the tensor-core path (K = 2880: 5.6 slices of 512; n = 5760 and 2880).
+TEST(moe_tensor_core_gpt_oss_shape) {
+  if (!tensor_core_path_here("moe_tensor_core_gpt_oss_shape")) return;
+  for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+    Case c = gpt_oss_case();
+    c.path = MoEPath::kTensorCore;
+    c.f = f;
+    c.T = 9;
+    c.routing = Case::kSkewed;
+    check_case(c);
+    if (quick()) break;
+  }
+}
+
 TEST(moe_validator_messages) {
   MoEArgs a;
   a.tokens = 1;
@@ -519,6 +599,9 @@ TEST(moe_validator_messages) {
   b = a;
   b.tokens = 0;
   CHECK_ERROR(moe_validate(b), "tokens: must be >= 1");
+  b = a;
+  b.path = static_cast<MoEPath>(7);
+  CHECK_ERROR(moe_validate(b), "path: must be MoEPath::kAuto, kDecode or kTensorCore (got 7)");
   b = a;
   b.act = DType::kF32;
   CHECK_ERROR(moe_validate(b), "act: must be bfloat16 or float16 (got float32)");
