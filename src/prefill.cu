@@ -145,7 +145,7 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   p.splits = int(std::min<int64_t>(prefill_splits(cfg, m, w.n, w.k, sms), l.k_macros));
   p.units = int64_t(p.row_groups) * p.token_tiles;
   if (p.units * p.splits > INT32_MAX) return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
-  p.grid = int(std::min<int64_t>(p.units * p.splits, int64_t(std::max(1, per_sm)) * std::max(1, sms)));  // persistent
+  p.grid = int(p.units * p.splits);
   if (p.splits > 1) {
     p.counters_bytes = counters_region(p.units);
     p.partials_bytes = size_t(p.units) * p.splits * k.partial_floats * sizeof(float);
@@ -217,12 +217,6 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, int bn, G
   p.smem_bytes = kn.smem;
   p.bn = bn;
   p.row_blocks = int((p.layout.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return Status(Code::kCudaError, "device: no usable CUDA device");
-  }
-  p.ctas = std::max(1, per_sm) * p.sms;
   *out = p;
   return Status::Ok();
 }
@@ -251,9 +245,8 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   g.scales_offset = l.scales_offset;
   g.out_scale_offset = l.out_scale_offset;
   g.bias = a.bias;
-  const int64_t items = int64_t(plan.row_blocks) * a.max_tiles;
-  if (items > INT32_MAX) return Status::Invalid("tokens: the grouped prefill GEMM takes at most 2^31 - 1 tiles");
-  const int64_t grid = std::min<int64_t>(items, plan.ctas);  // persistent
+  const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
+  if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
   fn<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
   const cudaError_t e = cudaGetLastError();

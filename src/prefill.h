@@ -26,7 +26,6 @@ struct GroupedPrefillPlan {
   const void* kernel = nullptr;
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
-  int sms = 0, ctas = 0;  // the persistent grid: one CTA per SM
   PackedLayout layout;  // of one expert's matrix
 };
 // For experts of (format, n, k) with `act` activations and token tile bn (64 or 128). kNotSupported when

@@ -5,13 +5,12 @@
 //   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h; the same buffer the decode kernel
 //   reads, no second prepack), X/Y row-major in T (bf16/half), fp32 accumulation, the per-row fp32
 //   out_scale and the bias applied in fp32 before the cast (exactly the decode kernel's epilogue math).
-//   A work item is 128 weight rows x BN tokens over a share of K: the whole K (splits = 1: no
+//   One CTA computes 128 weight rows x BN tokens over its share of K: the whole K (splits = 1: no
 //   workspace), or split z of `splits` (a contiguous range of 512-K slices): each split stores its fp32
 //   partial tile in the workspace, and the last of the tile's splits to arrive (arrival counter) sums the
 //   partials in split order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is
 //   bitwise the same whatever the arrival order (deterministic).
-//   Items: ceil(row_tiles / 8) * ceil(m / BN) * splits (numbered as cta_tile says). Launch: a persistent
-//   grid of at most one CTA per SM (any grid >= 1 is correct; CTA c takes items c, c + grid, ...), kThreads threads,
+//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) * splits (1-D, see cta_tile), kThreads threads,
 //   Geometry<BN>::kSmem bytes of dynamic shared memory, X described by a 2-D tensor map {K, m} of T, box
 //   {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n
 //   and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
@@ -135,15 +134,15 @@ template <typename T> struct CtaOperands {
   int tok_begin, tok_end;
 };
 
-// Work items are numbered in groups of kRasterTokenTiles token tiles: consecutive items walk the group's token
+// CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
 // tiles fastest, then the row blocks, so a wave of ~132 CTAs touches ~33 row blocks' weights and 4 X
 // tiles (~16 MB + ~17 MB for K = 8192) that stay in L2, instead of 132 row blocks' weights (66 MB, more
 // than L2) that all token tiles would re-read from DRAM in row-block-major order. The K splits of a tile
-// are consecutive items (the last split to arrive sums; no split ever waits for another).
+// are consecutive CTAs (they run in the same wave, so the last to arrive waits for no other wave).
 constexpr int kRasterTokenTiles = 4;
-__device__ __forceinline__ void cta_tile(const PrefillParams& p, int item, int& row_block, int& token_tile, int& split) {
-  split = item % p.splits;
-  const int b = item / p.splits;
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split) {
+  split = blockIdx.x % p.splits;
+  const int b = blockIdx.x / p.splits;
   const int per_group = p.row_blocks * kRasterTokenTiles;
   const int grp = b / per_group, rem = b % per_group;
   const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
@@ -363,26 +362,6 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
-// One work item of a CTA: output tile (row block, token tile), K split, its ring stages and operands.
-template <typename T> struct TileWork {
-  int row_block, token_tile, split;
-  int j_begin, j_end;   // 512-K slices [j_begin, j_end)
-  int s_begin, s_end;   // ring stages [s_begin, s_end)
-  CtaOperands<T> op;
-};
-// False (grouped mode) when the item's token tile is past the routing's last tile: nothing to do.
-template <typename T, int BN, bool kGrouped>
-__device__ __forceinline__ bool tile_work(const PrefillParams& p, int item, int n_stages, TileWork<T>& w) {
-  cta_tile(p, item, w.row_block, w.token_tile, w.split);
-  // Every split has at least one slice (the host keeps splits <= k_macros), and slice j's first stage
-  // exists for j < k_macros.
-  w.j_begin = int(int64_t(p.k_macros) * w.split / p.splits);
-  w.j_end = int(int64_t(p.k_macros) * (w.split + 1) / p.splits);
-  w.s_begin = w.j_begin * kStagesPerSlice;
-  w.s_end = min(w.j_end * kStagesPerSlice, n_stages);
-  return cta_operands<T, BN, kGrouped>(p, w.token_tile, w.op);
-}
-
 template <Format F, typename T, int BN, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
@@ -395,7 +374,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
-  const int n_items = p.row_blocks * p.token_tiles * p.splits;
+  int row_block, token_tile, split;
+  cta_tile(p, row_block, token_tile, split);
+  CtaOperands<T> op;
+  if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
+  // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
+  // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
+  const int j_begin = int(int64_t(p.k_macros) * split / p.splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / p.splits);
+  const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -408,39 +395,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Persistent: the CTA takes work items blockIdx.x, + gridDim.x, ... (one CTA per SM); the ring position
-  // runs on across items, so the producer fills the next item's stages while the consumers finish the
-  // current one (its last wgmma groups, its epilogue) instead of every CTA paying the pipeline fill.
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
     setmaxnreg_dec<kProducerRegs>();
     if (warp != 4 * kConsumerWarpgroups) return;
     if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
-    int r = 0;  // ring position
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-      TileWork<T> w;
-      if (!tile_work<T, BN, kGrouped>(p, item, n_stages, w)) continue;
-      const int rt0 = w.row_block * kRowTilesPerCta, tok0 = w.op.tok_begin;
-      const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
-      const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
-      const uint8_t* src = w.op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
-      for (int s = w.s_begin; s < w.s_end; ++s, ++r) {
-        const int slot = r % S;
-        mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-        const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
-        const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
-        if (lane == 0) {
-          // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
-          // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
-          mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
-          tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
-          tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
-        }
-        __syncwarp();
-        if (copies)
-          bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
-                    uint32_t(nch * kRecordBytes), bar);
+    const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
+    const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
+    const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
+    const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
+    for (int s = s_begin; s < s_end; ++s) {
+      const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
+      mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
+      const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
+      if (lane == 0) {
+        // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
+        // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
+        mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
+        tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
+        tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
       }
+      __syncwarp();
+      if (copies)
+        bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
+                  uint32_t(nch * kRecordBytes), bar);
     }
     return;
   }
@@ -448,143 +427,132 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups: warp w (0..7) owns row tile rt = 8 * row_block + w, i.e. rows 16w..16w+15
   // of the CTA's 128, which is warpgroup w/4's wgmma rows 16 (w%4) .. +15.
   setmaxnreg_inc<kConsumerRegs>();
+  const int rt = row_block * kRowTilesPerCta + warp;
+  const bool rt_ok = rt < p.row_tiles;
   const uint64_t pol = evict_normal_policy();
-  const int ct = threadIdx.x;  // consumer thread 0 .. kConsumerThreads - 1
-  int r0 = 0;                  // ring position of the item's first stage
-  for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-    TileWork<T> w;
-    if (!tile_work<T, BN, kGrouped>(p, item, n_stages, w)) continue;
-    const int rt = w.row_block * kRowTilesPerCta + warp;
-    const bool rt_ok = rt < p.row_tiles;
-    float acc[G::kAcc];
+  float acc[G::kAcc];
+#pragma unroll
+  for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+
+  ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
+  Scales<F, T> sc;
+  if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
+  else rec.zero();
+
+  // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
+  // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
+  for (int j = j_begin; j < j_end; ++j) {
+    sc.decode(rec.v);
+    if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+#pragma unroll
+    for (int q = 0; q < kStagesPerSlice; ++q) {
+      const int s = j * kStagesPerSlice + q;
+      if (s >= n_stages) break;  // uniform: only the last slice may be short
+      const int r = s - s_begin, slot = r % S;
+      mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
+      const uint32_t st = ring + slot * G::kStage;
+      const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
+      const uint64_t desc0 = sw128_desc(st);
+#pragma unroll
+      for (int i = 0; i < kStageChunks; ++i) {
+        // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
+        // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
+        // wgmmas run regardless: control flow around them made ptxas close each group with an extra
+        // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
+        const bool have = kStageChunks * s + i < p.k_chunks;
+        uint32_t a[4][4];
+        chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
+        fence_acc(acc);
+        wgmma_fence();  // A registers and accumulators were written by this thread
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          // K offset of quad lane ks's slice in this stage (chunk i): NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
+          const int koff = int(layout::lane_kbase(F, i, ks));
+          const uint32_t off = (koff >> 6) * G::kXHalf + (koff & 63) * 2;
+          Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
+        }
+        wgmma_commit();
+        fence_acc(acc);
+        wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
+        if (i == 0 && r > 0) {
+          // That group was stage s-1's last: hand its slot back to the producer.
+          __syncwarp();
+          if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+        }
+      }
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
+  // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
+  // is past the matrix store and load nothing but take part in the barriers.
+  if (p.splits > 1) {
+    constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
+    const int ct = threadIdx.x;        // consumer thread 0 .. kConsumerThreads - 1
+    const int64_t tile = int64_t(row_block) * p.token_tiles + token_tile;
+    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * p.splits * (G::kPartialFloats / 4);
+    if (rt_ok) {
+      float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * p.splits + split) * (G::kPartialFloats / 4);
+#pragma unroll
+      for (int v = 0; v < kVec; ++v)
+        __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+    }
+    consumer_sync();
+    if (ct == 0) {
+      __threadfence();
+      const bool last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
+      if (last) __threadfence();
+      s_last = last;
+    }
+    consumer_sync();
+    if (!s_last) return;
 #pragma unroll
     for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
-
-    ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
-    Scales<F, T> sc;
-    if (rt_ok) rec.load(w.op.scales, (int64_t(rt) * p.k_macros + w.j_begin) * 32 + lane, pol);
-    else rec.zero();
-
-    // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
-    // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
-    for (int j = w.j_begin; j < w.j_end; ++j) {
-      sc.decode(rec.v);
-      if (rt_ok && j + 1 < w.j_end) rec.load(w.op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+    if (rt_ok) {
+      constexpr int kBatch = 8;  // float4 loads in flight per thread
+      static_assert(kVec % kBatch == 0, "partial tile in whole batches");
 #pragma unroll
-      for (int q = 0; q < kStagesPerSlice; ++q) {
-        const int s = j * kStagesPerSlice + q;
-        if (s >= n_stages) break;  // uniform: only the last slice may be short
-        const int r = r0 + s - w.s_begin, slot = r % S;
-        mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
-        const uint32_t st = ring + slot * G::kStage;
-        const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
-        const uint64_t desc0 = sw128_desc(st);
+      for (int v0 = 0; v0 < kVec; v0 += kBatch)
+        for (int z = 0; z < p.splits; ++z) {
+          const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
+          float4 x[kBatch];
 #pragma unroll
-        for (int i = 0; i < kStageChunks; ++i) {
-          // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
-          // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
-          // wgmmas run regardless: control flow around them made ptxas close each group with an extra
-          // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
-          const bool have = kStageChunks * s + i < p.k_chunks;
-          uint32_t a[4][4];
-          chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
-          fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
-          fence_acc(acc);
-          wgmma_fence();  // A registers and accumulators were written by this thread
+          for (int b = 0; b < kBatch; ++b) x[b] = __ldcg(src + (v0 + b) * kConsumerThreads);
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            // K offset of quad lane ks's slice in this stage (chunk i): NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
-            const int koff = int(layout::lane_kbase(F, i, ks));
-            const uint32_t off = (koff >> 6) * G::kXHalf + (koff & 63) * 2;
-            Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
-          }
-          wgmma_commit();
-          fence_acc(acc);
-          wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
-          if (i == 0 && r > r0) {
-            // That group was stage s-1's last: hand its slot back to the producer.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+          for (int b = 0; b < kBatch; ++b) {
+            acc[4 * (v0 + b)] += x[b].x;
+            acc[4 * (v0 + b) + 1] += x[b].y;
+            acc[4 * (v0 + b) + 2] += x[b].z;
+            acc[4 * (v0 + b) + 3] += x[b].w;
           }
         }
-      }
     }
-    wgmma_wait<0>();
-    fence_acc(acc);
-    // The item's last stage is retired too: hand its slot back (the producer may be filling the next
-    // item's stages already).
-    const int r_last = r0 + (w.s_end - w.s_begin) - 1;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&empty_bar[r_last % S]));
-    r0 = r_last + 1;
+    if (ct == 0) p.counters[tile] = 0;  // leave the workspace as we found it
+  }
 
-    // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials
-    // in split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row
-    // tile is past the matrix store and load nothing but take part in the barriers.
-    if (p.splits > 1) {
-      constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
-      const int64_t tile = int64_t(w.row_block) * p.token_tiles + w.token_tile;
-      const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * p.splits * (G::kPartialFloats / 4);
-      if (rt_ok) {
-        float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * p.splits + w.split) * (G::kPartialFloats / 4);
+  // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
+  // token 8j + 2t + e of the CTA's token tile.
+  if (!rt_ok) return;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = op.tok_begin;
+  T* y = static_cast<T*>(p.y);
+  const T* bias = op.bias;
 #pragma unroll
-        for (int v = 0; v < kVec; ++v)
-          __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+  for (int h = 0; h < 2; ++h) {
+    const int row = rt * 16 + g + 8 * h;
+    if (row >= p.n) continue;
+    const float f = op.out_scale[row];
+    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = tok0 + 8 * j + 2 * t + e;
+        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
       }
-      consumer_sync();
-      if (ct == 0) {
-        __threadfence();
-        const bool last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
-        if (last) __threadfence();
-        s_last = last;
-      }
-      consumer_sync();
-      if (!s_last) continue;  // uniform; every thread read s_last before any reaches the next item's sync
-#pragma unroll
-      for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
-      if (rt_ok) {
-        constexpr int kBatch = 8;  // float4 loads in flight per thread
-        static_assert(kVec % kBatch == 0, "partial tile in whole batches");
-#pragma unroll
-        for (int v0 = 0; v0 < kVec; v0 += kBatch)
-          for (int z = 0; z < p.splits; ++z) {
-            const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
-            float4 x[kBatch];
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) x[b] = __ldcg(src + (v0 + b) * kConsumerThreads);
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-              acc[4 * (v0 + b)] += x[b].x;
-              acc[4 * (v0 + b) + 1] += x[b].y;
-              acc[4 * (v0 + b) + 2] += x[b].z;
-              acc[4 * (v0 + b) + 3] += x[b].w;
-            }
-          }
-      }
-      if (ct == 0) p.counters[tile] = 0;  // leave the workspace as we found it
-    }
-
-    // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
-    // token 8j + 2t + e of the CTA's token tile.
-    if (!rt_ok) continue;
-    const int g = lane >> 2, t = lane & 3;
-    const int tok0 = w.op.tok_begin;
-    T* y = static_cast<T*>(p.y);
-    const T* bias = w.op.bias;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = rt * 16 + g + 8 * h;
-      if (row >= p.n) continue;
-      const float f = w.op.out_scale[row];
-      const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = tok0 + 8 * j + 2 * t + e;
-          if (tok < w.op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
-        }
-    }
   }
 #else
   __trap();  // built for another architecture: the plan never launches this
