@@ -440,7 +440,7 @@ def test_cuda_float16_matches_reference(fmt, activation, layout, bias):
     # the reference rounds the activation only: the dense FP16 GEMM tests' gate (2e-3) still holds.
     layer = Layer(fmt, 8, H, I, seed=22, device="cuda", bias=bias, bias_dtype=torch.float16,
                   scale_gate_up=4.0 if activation == "swiglu_oai" else 1.0, split_gate_up=(fmt == "nvfp4"))
-    for t, k in ((1, 2), (37, 4), (64, 2), (100, 4)):  # 100: two passes of 64 tokens
+    for t, k in ((1, 2), (37, 4), (64, 2), (100, 4), (200, 2)):  # 100: two passes of 64; 200: tensor cores on Hopper
         x, ids, wts = _inputs(t, 8, k, H, seed=300 * t + k, device="cuda", dtype=torch.float16)
         y = _check_gpu(layer, x, ids, wts, activation, layout, tol=2e-3)
         assert torch.equal(y, layer.run(x, ids, wts, activation, layout))  # deterministic
@@ -451,7 +451,9 @@ def test_cuda_float16_matches_reference(fmt, activation, layout, bias):
                                        ("mxfp4", 64, 224, 160), ("bf16", 16, 168, 104), ("bf16", 64, 224, 160)])
 def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
     layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
-    for t in (1, 5, 37, 64, 100):  # 100: two passes of 64 tokens
+    # 100: two passes of 64 tokens; 200: past kMoETensorCoreMinTokens = 128 (fp4kit/moe.h: FP4 experts take the
+    # tensor-core path on Hopper)
+    for t in (1, 5, 37, 64, 100, 200):
         for k in (1, 2, 4, 8):
             x, ids, wts = _inputs(t, e, k, h, seed=1000 * t + k, device="cuda")
             _check_gpu(layer, x, ids, wts)
