@@ -146,6 +146,9 @@ bool run_gpu(QuantizeArgs a, const std::vector<uint8_t>& w, const GpuOptions& o,
   CUDA_TRY(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
   float* ts_out = dts.as<float>() + 1;  // floats 0 and 2 are guards
   if (o.given) CUDA_TRY(cudaMemcpy(ts_out + (o.alias_given ? 0 : 1), o.given, 4, cudaMemcpyHostToDevice));
+  // A copy from pageable host memory may return before its DMA lands, and the non-blocking stream below
+  // does not wait for the legacy stream: finish every copy and fill first.
+  CUDA_TRY(cudaDeviceSynchronize());
   cudaStream_t stream;
   CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   a.packed = dp.as<uint8_t>();
@@ -157,6 +160,7 @@ bool run_gpu(QuantizeArgs a, const std::vector<uint8_t>& w, const GpuOptions& o,
     QuantizeArgs p = a;
     if (!dprior.alloc(o.prior->size(), 0)) ok = false;
     ok = ok && cudaMemcpy(dprior.p, o.prior->data(), o.prior->size(), cudaMemcpyHostToDevice) == cudaSuccess;
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess;  // as above
     p.w = dprior.p;
     const Status s = quantize_gpu(p, dws.p, stream);
     CHECK_MSG(s.ok(), s.message());
