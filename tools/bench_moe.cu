@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
                  "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays "
                  "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
-                 "streamed bytes = the same per 64-token pass, summed over the passes; "
+                 "streamed bytes = the same per pass (64 tokens on the decode path, 4096 on the tensor-core path: see each row's path), summed over the passes; "
                  "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
                  "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,

@@ -246,14 +246,15 @@ def moe_table(runs):
                    f"{d['method']}.")
         out.append("")
         vs = any("speedup_vs_bf16" in r for r in d["rows"])
-        extra = " speedup over bf16 |" if vs else ""
+        paths = any("path" in r for r in d["rows"])  # runs since the tensor-core path record which path ran
+        extra = (" path |" if paths else "") + (" speedup over bf16 |" if vs else "")
         out.append("| model | E / top-k | H x I | format | T | us / layer | experts touched | TB/s | % of 4.25 TB/s | tokens/s "
                    f"| TFLOP/s (% of {MOE_TENSOR_PEAK:.0f}) |" + extra)
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if vs else ""))
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if paths else "") + ("---:|" if vs else ""))
         for r in d["rows"]:
-            sp = ""
+            sp = f" {r.get('path', '').replace('_', ' ')} |" if paths else ""
             if vs:
-                sp = f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
+                sp += f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
             out.append(f"| {r['model']} | {r['E']} / {r['top_k']} | {r['H']} x {r['I']} | {r['format']} | {r['T']} | "
                        f"{r['us']:.1f} | {r['touched_experts']:.1f} | {r['weight_tbps']:.2f} | "
                        f"{100 * r['roofline_frac']:.0f}% | {r['tokens_per_s']:.0f} | "
