@@ -551,12 +551,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.n_active = b.n_active;
     s.active = b.active;
     s.offset = b.offset;
-    s.base = static_cast<const uint8_t*>(w.data);
-    s.stride = w.stride;
-    s.weights_offset = l.weights_offset;
-    s.scales_offset = l.scales_offset;
-    s.out_scale_offset = l.out_scale_offset;
-    s.bias = w.bias;
+    s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
     p.pdl = plan.pdl;
     detail::launch_kernel(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream, plan.pdl, p);
   };

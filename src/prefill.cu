@@ -155,6 +155,21 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   return Status::Ok();
 }
 
+// The shape fields of a launch over `m` tokens and a weight of layout `l` (pointers and workspace are the
+// caller's).
+static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_blocks, int token_tiles, int splits) {
+  pk::PrefillParams p{};
+  p.m = int(m);
+  p.n = int(l.n);
+  p.row_tiles = int(l.row_tiles);
+  p.k_chunks = int(l.k_chunks);
+  p.k_macros = int(l.k_macros);
+  p.row_blocks = row_blocks;
+  p.token_tiles = token_tiles;
+  p.splits = splits;
+  return p;
+}
+
 // X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, BN tokens} with the
 // 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past k, past rows) read as zero.
 Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map) {
@@ -179,20 +194,12 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, a.w.k, a.m, a.act, bn, &map));
 
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
-  pk::PrefillParams p{};
+  pk::PrefillParams p = shape_params(l, a.m, plan.row_groups, plan.token_tiles, plan.splits);
   p.y = a.y;
   p.bias = a.bias;
   p.weights = base + l.weights_offset;
   p.scales = base + l.scales_offset;
   p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
-  p.m = int(a.m);
-  p.n = int(l.n);
-  p.row_tiles = int(l.row_tiles);
-  p.k_chunks = int(l.k_chunks);
-  p.k_macros = int(l.k_macros);
-  p.row_blocks = plan.row_groups;
-  p.token_tiles = plan.token_tiles;
-  p.splits = plan.splits;
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
   p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
@@ -225,26 +232,9 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   const PackedLayout& l = plan.layout;
   CUtensorMap map;
   FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn, &map));
-  pk::PrefillParams p{};
+  pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1);
   p.y = a.y;
-  p.m = int(a.rows);
-  p.n = int(l.n);
-  p.row_tiles = int(l.row_tiles);
-  p.k_chunks = int(l.k_chunks);
-  p.k_macros = int(l.k_macros);
-  p.row_blocks = plan.row_blocks;
-  p.token_tiles = a.max_tiles;
-  p.splits = 1;
-  pk::PrefillGroup& g = p.group;
-  g.offset = a.offset;
-  g.tile_offset = a.tile_offset;
-  g.experts = a.experts;
-  g.base = static_cast<const uint8_t*>(a.base);
-  g.stride = a.stride;
-  g.weights_offset = l.weights_offset;
-  g.scales_offset = l.scales_offset;
-  g.out_scale_offset = l.out_scale_offset;
-  g.bias = a.bias;
+  p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
   if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));

@@ -50,14 +50,33 @@ namespace kernels {
 // to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
 // the row-group space is (active expert a, row group) and stream-K runs over n_active * row_groups *
 // k_units units, read from device memory at kernel start. Experts nobody routed to are not read.
+// E experts of one prepacked layout, expert e's buffer at base + e * stride (the grouped decode and
+// prefill kernels both read them through this).
+struct ExpertStack {
+  const uint8_t* base;
+  size_t stride;
+  size_t weights_offset, scales_offset, out_scale_offset;  // within one expert's buffer (packed_layout)
+  const void* bias;                                         // [E, n] or null
+  __device__ __forceinline__ const uint8_t* expert(int e) const { return base + size_t(e) * stride; }
+  __device__ __forceinline__ const uint8_t* weights(int e) const { return expert(e) + weights_offset; }
+  __device__ __forceinline__ const uint8_t* scales(int e) const { return expert(e) + scales_offset; }
+  __device__ __forceinline__ const float* out_scale(int e) const {
+    return reinterpret_cast<const float*>(expert(e) + out_scale_offset);
+  }
+  template <typename T> __device__ __forceinline__ const T* bias_of(int e, int n) const {
+    return bias ? static_cast<const T*>(bias) + int64_t(e) * n : nullptr;
+  }
+};
+inline ExpertStack expert_stack(const void* data, size_t stride, const void* bias, const PackedLayout& l) {
+  return ExpertStack{static_cast<const uint8_t*>(data), stride, l.weights_offset, l.scales_offset, l.out_scale_offset,
+                     bias};
+}
+
 struct GroupedSchedule {
   const int* n_active;      // [1] number of active experts
   const int* active;        // [E] active expert ids (any order)
   const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
-  const uint8_t* base;      // expert e's prepacked buffer: base + e * stride
-  size_t stride;
-  size_t weights_offset, scales_offset, out_scale_offset;
-  const void* bias;         // [E, n] or null
+  ExpertStack experts;
 };
 
 struct DecodeParams {
@@ -450,11 +469,10 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     lrg = rg % p.row_groups;
     const int r0 = gs.offset[e];
     q.m = gs.offset[e + 1] - r0;
-    const uint8_t* wb = gs.base + size_t(e) * gs.stride;
-    q.weights = reinterpret_cast<const uint4*>(wb + gs.weights_offset);
-    q.scales = wb + gs.scales_offset;
-    q.out_scale = reinterpret_cast<const float*>(wb + gs.out_scale_offset);
-    q.bias = gs.bias ? static_cast<const T*>(gs.bias) + int64_t(e) * p.n : nullptr;
+    q.weights = reinterpret_cast<const uint4*>(gs.experts.weights(e));
+    q.scales = gs.experts.scales(e);
+    q.out_scale = gs.experts.out_scale(e);
+    q.bias = gs.experts.bias_of<T>(e, p.n);
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
     q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;

@@ -100,13 +100,10 @@ template <int BN> struct Geometry {
 // written on the device by the MoE's align kernel, so the grid is sized for the most tiles any routing can
 // need (p.token_tiles) and CTAs past the routing's last tile exit at once.
 struct PrefillGroup {
-  const int* offset;       // [experts + 1] first sorted row of each expert
-  const int* tile_offset;  // [experts + 1] first token tile of each expert
-  int experts;
-  const uint8_t* base;     // expert e's prepacked buffer at base + e * stride
-  size_t stride;
-  size_t weights_offset, scales_offset, out_scale_offset;  // within one expert's buffer (packed_layout)
-  const void* bias;        // [experts, n] or null
+  const int* offset;       // [n_experts + 1] first sorted row of each expert
+  const int* tile_offset;  // [n_experts + 1] first token tile of each expert
+  int n_experts;
+  ExpertStack experts;
 };
 
 struct PrefillParams {
@@ -342,20 +339,19 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   o.tok_end = p.m;
   if constexpr (kGrouped) {
     const PrefillGroup& g = p.group;
-    if (token_tile >= g.tile_offset[g.experts]) return false;
+    if (token_tile >= g.tile_offset[g.n_experts]) return false;
     // The last expert whose first tile is <= token_tile: experts without tokens share their successor's
     // tile_offset, so the last of equal entries is the one that owns the tile.
-    int lo = 0, hi = g.experts - 1;
+    int lo = 0, hi = g.n_experts - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
       if (g.tile_offset[mid] <= token_tile) lo = mid;
       else hi = mid - 1;
     }
-    const uint8_t* b = g.base + size_t(lo) * g.stride;
-    o.weights = b + g.weights_offset;
-    o.scales = b + g.scales_offset;
-    o.out_scale = reinterpret_cast<const float*>(b + g.out_scale_offset);
-    o.bias = g.bias ? static_cast<const T*>(g.bias) + int64_t(lo) * p.n : nullptr;
+    o.weights = g.experts.weights(lo);
+    o.scales = g.experts.scales(lo);
+    o.out_scale = g.experts.out_scale(lo);
+    o.bias = g.experts.bias_of<T>(lo, p.n);
     o.tok_begin = g.offset[lo] + (token_tile - g.tile_offset[lo]) * BN;
     o.tok_end = g.offset[lo + 1];
   }

@@ -508,8 +508,8 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
 
 // ---- the tensor-core path (sm_90a): grouped wgmma GEMMs over the experts' gathered rows -------------
 
-// Whether this device and build run the tensor-core path; prints the reason when they do not.
-bool tensor_core_path_here(const char* test) {
+// A one-token layer of 4 MXFP4 experts, H = I = 64, shapes only (no data).
+MoEArgs small_shapes() {
   MoEArgs a;
   a.tokens = 1;
   a.hidden = 64;
@@ -518,6 +518,12 @@ bool tensor_core_path_here(const char* test) {
   a.top_k = 2;
   a.gate_up = ExpertWeights{Format::kMXFP4, 128, 64, nullptr, 0, nullptr};
   a.down = ExpertWeights{Format::kMXFP4, 64, 64, nullptr, 0, nullptr};
+  return a;
+}
+
+// Whether this device and build run the tensor-core path; prints the reason when they do not.
+bool tensor_core_path_here(const char* test) {
+  MoEArgs a = small_shapes();
   a.path = MoEPath::kTensorCore;
   size_t bytes = 0;
   const Status st = moe_workspace_bytes(a, &bytes);
@@ -584,14 +590,7 @@ TEST(moe_tensor_core_gpt_oss_shape) {
 }
 
 TEST(moe_validator_messages) {
-  MoEArgs a;
-  a.tokens = 1;
-  a.hidden = 64;
-  a.inter = 64;
-  a.num_experts = 4;
-  a.top_k = 2;
-  a.gate_up = ExpertWeights{Format::kMXFP4, 128, 64, nullptr, 0, nullptr};
-  a.down = ExpertWeights{Format::kMXFP4, 64, 64, nullptr, 0, nullptr};
+  const MoEArgs a = small_shapes();
   CHECK_ERROR(moe_validate(a), "gate_up.data: must not be null");
   MoEArgs b = a;
   b.top_k = 5;
