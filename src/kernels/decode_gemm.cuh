@@ -46,10 +46,6 @@
 namespace fp4kit {
 namespace kernels {
 
-// Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
-// to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
-// the row-group space is (active expert a, row group) and stream-K runs over n_active * row_groups *
-// k_units units, read from device memory at kernel start. Experts nobody routed to are not read.
 // E experts of one prepacked layout, expert e's buffer at base + e * stride (the grouped decode and
 // prefill kernels both read them through this).
 struct ExpertStack {
@@ -72,6 +68,10 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
                      bias};
 }
 
+// Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
+// to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
+// the row-group space is (active expert a, row group) and stream-K runs over n_active * row_groups *
+// k_units units, read from device memory at kernel start. Experts nobody routed to are not read.
 struct GroupedSchedule {
   const int* n_active;      // [1] number of active experts
   const int* active;        // [E] active expert ids (any order)
