@@ -7,11 +7,11 @@ CPU part (needs torch only): stack_experts' layout and round trip, the CPU op ag
 out-of-range and repeated ids, opcheck, torch.compile, argument errors, the eager workspace rule, `import fp4kit`
 without torch. GPU part (needs a CUDA device): the fused kernels against moe_reference on the same dequantized
 experts (rel-L2 < 1e-2, bf16 out) over formats, activations, gate/up layouts, biases, routing modes and edge-case
-routings, T up to 100 (passes of 64 tokens), top-k 1..8, E 8..64 with H and I not multiples of 64; NaN rows for
+routings, T up to 200 (passes of 64 tokens; from 128 on the tensor-core path on Hopper), top-k 1..8, E 8..64 with H and I not multiples of 64; NaN rows for
 bad or repeated ids, determinism, workspace reuse across shapes and GEMMs, CUDA-graph replay with changing
 routings, torch.compile and opcheck. float16 activations (FP4 experts; BF16 experts take bfloat16 only): the CPU
 op, opcheck and argument errors, and on the GPU the kernels against the reference at the dense FP16 GEMM tests'
-gate (rel-L2 < 2e-3), T = 1, 37, 64, 100. Skips say why.
+gate (rel-L2 < 2e-3), T = 1, 37, 64, 100, 200. Skips say why.
 """
 import math
 import subprocess
