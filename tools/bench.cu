@@ -18,10 +18,18 @@
 //   analytic default beside dispatch's pick. Every row is checked: one call at its m on the last weight
 //   copy, its first min(m, 256) tokens against cuBLAS on the dequantized weights (check_rel_l2; BF16 only).
 //   JSON: {device, commit, date, l2_bytes, sms, method, rows: [...]}.
+//
+//   fp4kit-tune --out PATH [--suite ...] [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME]
+//   The same binary under the name fp4kit-tune (a link the build makes): --config all over the shapes
+//   and m, a progress bar on stderr, and the fastest config per (format, act, n, k, m) written to PATH as
+//   a tuning table (fp4kit/tuning.h; load it with FP4KIT_TUNING_TABLE=PATH). fp4kit-bench --tune PATH
+//   does the same with the benchmark's output.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -128,12 +136,51 @@ struct Lt {
 
 }  // namespace
 
+// The progress line of a sweep: "[#####     ] done/total what", redrawn in place on a terminal, one line
+// per step otherwise (logs).
+void progress(int done, int total, const std::string& what) {
+  constexpr int kWidth = 30;
+  const int fill = total > 0 ? int(int64_t(kWidth) * done / total) : kWidth;
+  const bool tty = isatty(fileno(stderr)) != 0;
+  std::fprintf(stderr, "%s[%s%s] %d/%d %s%s", tty ? "\r" : "", std::string(size_t(fill), '#').c_str(),
+               std::string(size_t(kWidth - fill), ' ').c_str(), done, total, what.c_str(),
+               tty ? (done == total ? "\n" : "\x1b[K") : "\n");
+  std::fflush(stderr);
+}
+
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", ""},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
                                             {"tune", ""}, {"layer", ""}, {"compare", "auto"}};
-  for (int i = 1; i < argc; ++i) {
+  // Called as fp4kit-tune: the tuner (see the contract on top).
+  const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
+  const bool tuner = prog.size() >= 11 && prog.compare(prog.size() - 11, 11, "fp4kit-tune") == 0;
+  if (tuner) {
+    const std::vector<std::string> allowed = {"suite", "m", "formats", "act", "layer", "replays", "commit"};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "-h" || a == "--help") {
+        std::printf("usage: fp4kit-tune --out PATH [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all]\n"
+                    "                   [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME] [--replays N]\n"
+                    "  times every config of the table on each shape and m and writes the fastest per\n"
+                    "  (format, act, n, k, m) to PATH; load it with FP4KIT_TUNING_TABLE=PATH\n");
+        return 0;
+      }
+      const std::string key = a.rfind("--", 0) == 0 ? a.substr(2) : std::string();
+      const bool known = key == "out" || std::find(allowed.begin(), allowed.end(), key) != allowed.end();
+      if (!known || i + 1 >= argc) {
+        std::fprintf(stderr, "fp4kit-tune: unknown or incomplete option '%s' (see --help)\n", a.c_str());
+        return 2;
+      }
+      opt[key == "out" ? "tune" : key] = argv[++i];
+    }
+    if (opt["tune"].empty()) {
+      std::fprintf(stderr, "fp4kit-tune: --out PATH is required (the tuning table to write)\n");
+      return 2;
+    }
+  }
+  for (int i = 1; i < argc && !tuner; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m LIST]\n"
@@ -152,10 +199,21 @@ int main(int argc, char** argv) {
     }
     opt[a.substr(2)] = argv[++i];
   }
+  const char* me = tuner ? "fp4kit-tune" : "fp4kit-bench";
+  for (const std::string& fname : split(opt["formats"]))
+    if (fname != "nvfp4" && fname != "mxfp4") {
+      std::fprintf(stderr, "%s: --formats lists nvfp4 and/or mxfp4 (got '%s')\n", me, fname.c_str());
+      return 2;
+    }
+  if (opt["act"] != "bf16" && opt["act"] != "fp16") {
+    std::fprintf(stderr, "%s: --act must be bf16 or fp16 (got '%s')\n", me, opt["act"].c_str());
+    return 2;
+  }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::printf("No CUDA GPU found: fp4kit-bench needs an NVIDIA GPU (sm_80 or newer)\n");
-    return 0;
+    // The benchmark has nothing to report and says so; the tuner cannot write its table: a failure.
+    std::printf("No CUDA GPU found: %s needs an NVIDIA GPU (sm_80 or newer)\n", me);
+    return tuner ? 1 : 0;
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -223,6 +281,8 @@ int main(int argc, char** argv) {
     std::fclose(fjson);
     return true;
   };
+  const int steps = int(shapes.size() * split(opt["formats"]).size() * ms.size());
+  int step = 0;
   std::printf("%-18s %-8s %-6s %5s %9s %9s %9s %8s %8s %7s %8s %7s %s\n", "model", "layer", "format", "m", "us",
               "eager_us", "cublas_us", "speedup", "TB/s", "roof", "TFLOP/s", "check", "config (* = dispatch)");
 
@@ -386,6 +446,9 @@ int main(int argc, char** argv) {
       }
       tuning << fname << " " << (bf16 ? "bf16" : "fp16") << " " << n << " " << k << " " << m << " "
              << find_config(best_cfg)->name << "\n";
+      if (!opt["tune"].empty())
+        progress(++step, steps, sh.model + " " + sh.layer + " " + fname + " m=" + std::to_string(m) + ": " +
+                                    find_config(best_cfg)->name);
       }
       if (yref) CK(cudaFree(yref));
       if (!write_json(false)) return 2;
@@ -405,8 +468,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["tune"].c_str());
       return 2;
     }
-    std::fprintf(ft, "fp4kit-tuning 1\n# written by fp4kit-bench --tune (commit %s)\ndevice %s\n%s",
-                 opt["commit"].c_str(), prop.name, tuning.str().c_str());
+    std::fprintf(ft, "fp4kit-tuning 1\n# written by %s (commit %s)\ndevice %s\n%s",
+                 tuner ? "fp4kit-tune" : "fp4kit-bench --tune", opt["commit"].c_str(), prop.name, tuning.str().c_str());
     std::fclose(ft);
     std::printf("wrote tuning table %s (load it with FP4KIT_TUNING_TABLE=%s)\n", opt["tune"].c_str(), opt["tune"].c_str());
   }
