@@ -216,6 +216,15 @@ constexpr int first_index(int n_tiles, int row_tiles = 0) {
       return i;
   return -1;
 }
+// The tensor-core path's entry for a token tile: the table's first unsplit prefill entry of that tile.
+constexpr int prefill_index(int n_tiles) {
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kWgmma && kKernelConfigs[i].max_splits <= 1)
+      return i;
+  return -1;
+}
+static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0, "the config table has no unsplit p64 / p128 entry");
+
 // The entry a grouped GEMM runs for (n_tiles, activation dtype). FP16 at 32 tokens per pass takes the first
 // entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in grouped mode
 // with NVFP4 and FP16 (ptxas, 128 registers under its launch bounds); BF16 does not.
@@ -309,7 +318,6 @@ Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
 // Workspace layout for one pass of up to pass_tokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
   int pairs = 0, max_active = 0;
-  int64_t pass_tokens = kPassTokens;
   bool bf16 = false;
   bool tc = false;     // FP4 experts on the tensor-core path
   GroupedPlan gu, dn;  // FP4 experts, decode path
@@ -318,6 +326,7 @@ struct MoEPlan {
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
+  int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : kPassTokens; }
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
 };
@@ -341,8 +350,7 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc) {
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
   FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc));
-  p.pass_tokens = p.tc ? kMoETensorCorePassTokens : kPassTokens;
-  const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens);
+  const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
   const int n_tiles = n_tiles_for(a.tokens);
@@ -352,15 +360,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // Token tile: 128 rows where an expert has ~a tile of them on average, else 64 (a partial tile
     // computes empty columns; a second tile re-reads the expert's weights, mostly from L2).
     const int bn = p.pairs / p.max_active >= 96 ? 128 : 64;
-    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, bn, &p.tgu));
-    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, bn, &p.tdn));
+    const KernelConfig& cfg = kKernelConfigs[prefill_index(bn / 8)];
+    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
+    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
     // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
     p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return Status(Code::kCudaError, "device: no usable CUDA device");
-    }
+    p.sms = p.tgu.sms;
   } else if (p.bf16) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
@@ -618,8 +623,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += plan.pass_tokens) {
-    const int tokens = int(std::min<int64_t>(plan.pass_tokens, a.tokens - t0));
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += plan.pass_tokens()) {
+    const int tokens = int(std::min<int64_t>(plan.pass_tokens(), a.tokens - t0));
     const int pairs = tokens * a.top_k;
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;

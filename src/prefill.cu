@@ -119,17 +119,31 @@ bool prefill_runs_here() {
   return major == 9 && check_image(select_kernel<false>(Format::kNVFP4, DType::kBF16, 64).fn).ok();
 }
 
-Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
+namespace {
+
+// The kernel of the kWgmma table entry `cfg` (dense or grouped), checked against the entry, present in this
+// build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
+Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
   const int bn = 8 * cfg.n_tiles;
-  const PrefillKernel k = select_kernel<false>(w.format, act, bn);
-  if (!k.fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no prefill kernel");
-  if (k.stages != cfg.stages || cfg.warps != 4 * pk::kConsumerWarpgroups || cfg.row_tiles != 1 ||
+  *k = grouped ? select_kernel<true>(f, act, bn) : select_kernel<false>(f, act, bn);
+  if (!k->fn)
+    return Status(Code::kInternal, std::string("config ") + cfg.name + " has no " + (grouped ? "grouped " : "") +
+                                       "prefill kernel");
+  if (k->stages != cfg.stages || cfg.warps != 4 * pk::kConsumerWarpgroups || cfg.row_tiles != 1 ||
       cfg.chunks != pk::kStageChunks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its prefill kernel (" +
-                                       std::to_string(k.stages) + " stages)");
-  FP4KIT_RETURN_IF_ERROR(check_image(k.fn));
+                                       std::to_string(k->stages) + " stages)");
+  FP4KIT_RETURN_IF_ERROR(check_image(k->fn));
   int per_sm = 0;  // also sets the kernel's dynamic shared memory attribute, once per device
-  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(k.fn), pk::kThreads, k.smem, nullptr, nullptr, &per_sm));
+  return resident_per_sm(reinterpret_cast<const void*>(k->fn), pk::kThreads, k->smem, nullptr, sms, &per_sm);
+}
+
+}  // namespace
+
+Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
+  const int bn = 8 * cfg.n_tiles;
+  PrefillKernel k;
+  FP4KIT_RETURN_IF_ERROR(kernel_for_config(cfg, w.format, act, false, &k, nullptr));
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
 
@@ -211,18 +225,16 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   return Status::Ok();
 }
 
-Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, int bn, GroupedPrefillPlan* out) {
-  const PrefillKernel kn = select_kernel<true>(f, act, bn);
-  if (!kn.fn) return Status(Code::kInternal, "grouped prefill: no kernel for token tile " + std::to_string(bn));
-  FP4KIT_RETURN_IF_ERROR(check_image(kn.fn));
-  int per_sm = 0;  // sets the dynamic shared memory attribute
-  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(kn.fn), pk::kThreads, kn.smem, nullptr, nullptr, &per_sm));
+Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
+                            GroupedPrefillPlan* out) {
   GroupedPrefillPlan p;
+  PrefillKernel kn;
+  FP4KIT_RETURN_IF_ERROR(kernel_for_config(cfg, f, act, true, &kn, &p.sms));
   FP4KIT_RETURN_IF_ERROR(packed_layout(f, n, k, &p.layout));
   p.kernel = reinterpret_cast<const void*>(kn.fn);
   p.threads = pk::kThreads;
   p.smem_bytes = kn.smem;
-  p.bn = bn;
+  p.bn = 8 * cfg.n_tiles;
   p.row_blocks = int((p.layout.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
   *out = p;
   return Status::Ok();

@@ -26,11 +26,13 @@ struct GroupedPrefillPlan {
   const void* kernel = nullptr;
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
+  int sms = 0;          // of the device
   PackedLayout layout;  // of one expert's matrix
 };
-// For experts of (format, n, k) with `act` activations and token tile bn (64 or 128). kNotSupported when
-// this build has no sm_90a code for it.
-Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, int bn, GroupedPrefillPlan* out);
+// For experts of (format, n, k) with `act` activations, through the kWgmma table entry `cfg` (token tile
+// 8 * cfg.n_tiles: 64 or 128; no K split). kNotSupported when this build has no sm_90a code for it.
+Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
+                            GroupedPrefillPlan* out);
 
 struct GroupedPrefillArgs {
   const void* x = nullptr;  // [rows, k] of act, the experts' rows one expert after another
