@@ -153,35 +153,20 @@ int main(int argc, char** argv) {
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
                                             {"tune", ""}, {"layer", ""}, {"compare", "auto"}};
-  // Called as fp4kit-tune: the tuner (see the contract on top).
+  // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
+  // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
   const bool tuner = prog.size() >= 11 && prog.compare(prog.size() - 11, 11, "fp4kit-tune") == 0;
-  if (tuner) {
-    const std::vector<std::string> allowed = {"suite", "m", "formats", "act", "layer", "replays", "commit"};
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "-h" || a == "--help") {
-        std::printf("usage: fp4kit-tune --out PATH [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all]\n"
-                    "                   [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME] [--replays N]\n"
-                    "  times every config of the table on each shape and m and writes the fastest per\n"
-                    "  (format, act, n, k, m) to PATH; load it with FP4KIT_TUNING_TABLE=PATH\n");
-        return 0;
-      }
-      const std::string key = a.rfind("--", 0) == 0 ? a.substr(2) : std::string();
-      const bool known = key == "out" || std::find(allowed.begin(), allowed.end(), key) != allowed.end();
-      if (!known || i + 1 >= argc) {
-        std::fprintf(stderr, "fp4kit-tune: unknown or incomplete option '%s' (see --help)\n", a.c_str());
-        return 2;
-      }
-      opt[key == "out" ? "tune" : key] = argv[++i];
-    }
-    if (opt["tune"].empty()) {
-      std::fprintf(stderr, "fp4kit-tune: --out PATH is required (the tuning table to write)\n");
-      return 2;
-    }
-  }
-  for (int i = 1; i < argc && !tuner; ++i) {
+  const char* me = tuner ? "fp4kit-tune" : "fp4kit-bench";
+  for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if ((a == "-h" || a == "--help") && tuner) {
+      std::printf("usage: fp4kit-tune --out PATH [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all]\n"
+                  "                   [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME] [--replays N]\n"
+                  "  times every config of the table on each shape and m and writes the fastest per\n"
+                  "  (format, act, n, k, m) to PATH; load it with FP4KIT_TUNING_TABLE=PATH\n");
+      return 0;
+    }
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m LIST]\n"
                   "                    [--formats LIST] [--act bf16|fp16] [--config ID|all] [--json PATH]\n"
@@ -193,13 +178,19 @@ int main(int argc, char** argv) {
                   "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
-    if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
-      std::fprintf(stderr, "fp4kit-bench: unknown or incomplete option '%s' (see --help)\n", a.c_str());
+    std::string key = a.rfind("--", 0) == 0 ? a.substr(2) : std::string();
+    if (tuner && key == "out") key = "tune";
+    else if (tuner && (key == "tune" || key == "config" || key == "json" || key == "compare")) key.clear();
+    if (key.empty() || i + 1 >= argc || !opt.count(key)) {
+      std::fprintf(stderr, "%s: unknown or incomplete option '%s' (see --help)\n", me, a.c_str());
       return 2;
     }
-    opt[a.substr(2)] = argv[++i];
+    opt[key] = argv[++i];
   }
-  const char* me = tuner ? "fp4kit-tune" : "fp4kit-bench";
+  if (tuner && opt["tune"].empty()) {
+    std::fprintf(stderr, "fp4kit-tune: --out PATH is required (the tuning table to write)\n");
+    return 2;
+  }
   for (const std::string& fname : split(opt["formats"]))
     if (fname != "nvfp4" && fname != "mxfp4") {
       std::fprintf(stderr, "%s: --formats lists nvfp4 and/or mxfp4 (got '%s')\n", me, fname.c_str());
@@ -341,19 +332,10 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(ts, &ts_h, 4, cudaMemcpyHostToDevice));
       std::vector<void*> wp(static_cast<size_t>(copies));
       for (int c = 0; c < copies; ++c) {
-        launch_fill(fill_bytes, packed, size_t(n * k / 2), 300u + c);
-        launch_fill(fill_scales, scales, size_t(n * (k / g)), 400u + c, int(f == Format::kNVFP4));
         CK(cudaMalloc(&wp[size_t(c)], l.total_bytes));
-        PrepackArgs pa;
-        pa.format = f;
-        pa.n = n;
-        pa.k = k;
-        pa.packed = packed;
-        pa.scales = scales;
-        pa.tensor_scale = f == Format::kNVFP4 ? ts : nullptr;
-        pa.dst = wp[size_t(c)];
-        CKS(prepack_gpu(pa, s));
+        prepack_random(f, n, k, packed, scales, ts, 300u + c, 400u + c, wp[size_t(c)]);
       }
+      CK(cudaDeviceSynchronize());  // the copies and the last copy's checkpoint tensors, before stream s reads them
       // Self-check reference: cuBLAS on the last copy's dequantized weights, first m_ref tokens (BF16 only).
       const int64_t m_ref = std::min<int64_t>(256, m_max);
       void* yref = nullptr;

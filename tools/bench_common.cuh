@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fp4kit/formats.h"
+#include "fp4kit/repack.h"
 #include "fp4kit/status.h"
 
 namespace fp4bench {
@@ -77,6 +78,33 @@ template <typename K, typename... A>
 void launch_fill(K kernel, A... args) {
   kernel<<<1024, 256>>>(args...);
   CK(cudaGetLastError());
+}
+
+__global__ void sub_bytes(uint8_t* p, size_t n, int d) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(p[i] - d);
+}
+
+// A random checkpoint weight, prepacked into dst: codes from seed_codes, block scales from seed_scales
+// (fill_scales), MXFP4 exponents lowered by mx_scale_shift when given, the NVFP4 tensor scale *ts (device).
+// packed [n, k/2] and scales [n, k/group] are the caller's scratch. The fills and the prepack run in order on
+// the legacy default stream (the next call may refill the scratch); the caller synchronises before another
+// stream reads dst.
+inline void prepack_random(Format f, int64_t n, int64_t k, uint8_t* packed, uint8_t* scales, const float* ts,
+                           uint32_t seed_codes, uint32_t seed_scales, void* dst, int mx_scale_shift = 0) {
+  const size_t nscales = size_t(n * (k / group_size(f)));
+  launch_fill(fill_bytes, packed, size_t(n * k / 2), seed_codes);
+  launch_fill(fill_scales, scales, nscales, seed_scales, int(f == Format::kNVFP4));
+  if (f == Format::kMXFP4 && mx_scale_shift) launch_fill(sub_bytes, scales, nscales, mx_scale_shift);
+  PrepackArgs a;
+  a.format = f;
+  a.n = n;
+  a.k = k;
+  a.packed = packed;
+  a.scales = scales;
+  a.tensor_scale = f == Format::kNVFP4 ? ts : nullptr;
+  a.dst = dst;
+  CKS(prepack_gpu(a, nullptr));
 }
 
 // Fill a 16-bit buffer of the benchmark's activation dtype.

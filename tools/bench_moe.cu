@@ -97,19 +97,16 @@ struct Row {
   double streamed, tflops;  // bytes the passes stream; useful TFLOP/s
   int calls, replays;       // the timing's graph size and replay count
   bool tc;                  // the tensor-core path ran
-  int64_t pass;             // its tokens per pass
 };
 
 constexpr int kPassTokens = 64;       // the decode path's tokens per pass (fp4kit/moe.h)
+int64_t pass_tokens_of(bool tc) { return tc ? kMoETensorCorePassTokens : kPassTokens; }
 constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
 // FP16 runs: MXFP4 block scales 2^-6 lower (E8M0 2^-13 .. 2^-6; the BF16 runs keep 2^-7 .. 2^0), so that the
 // random layers' h, activations and outputs stay inside the FP16 range (NVFP4's tensor scale 0.01 already
 // keeps them there).
-__global__ void lower_scales(uint8_t* p, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = uint8_t(p[i] - 6);
-}
+constexpr int kFp16MxScaleShift = 6;
 
 Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed, bool act_bf16) {
   PackedLayout l;
@@ -127,20 +124,9 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
   CK(cudaMalloc(&ts, sizeof(float)));
   const float one = 0.01f;
   CK(cudaMemcpy(ts, &one, sizeof(float), cudaMemcpyHostToDevice));
-  for (int e = 0; e < E; ++e) {
-    launch_fill(fill_bytes, packed, size_t(n * k / 2), seed + 2 * e);
-    launch_fill(fill_scales, scales, size_t(n * (k / g)), seed + 2 * e + 1, int(f == Format::kNVFP4));
-    if (!act_bf16 && f == Format::kMXFP4) launch_fill(lower_scales, scales, size_t(n * (k / g)));
-    PrepackArgs a;
-    a.format = f;
-    a.n = n;
-    a.k = k;
-    a.packed = packed;
-    a.scales = scales;
-    a.tensor_scale = f == Format::kNVFP4 ? ts : nullptr;
-    a.dst = static_cast<uint8_t*>(s.buf) + s.stride * e;
-    CKS(prepack_gpu(a, nullptr));
-  }
+  for (int e = 0; e < E; ++e)
+    prepack_random(f, n, k, packed, scales, ts, seed + 2 * e, seed + 2 * e + 1, static_cast<uint8_t*>(s.buf) + s.stride * e,
+                   act_bf16 ? 0 : kFp16MxScaleShift);
   CK(cudaDeviceSynchronize());
   cudaFree(packed);
   cudaFree(scales);
@@ -234,7 +220,7 @@ int main(int argc, char** argv) {
         MoEPath taken = MoEPath::kDecode;
         CKS(moe_path(a, &taken));
         const bool tc = taken == MoEPath::kTensorCore;
-        const int64_t pass_tokens = tc ? kMoETensorCorePassTokens : kPassTokens;
+        const int64_t pass_tokens = pass_tokens_of(tc);
         // Routings and their touched experts (per call, and per pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
         std::vector<double> touched_of(kRoutings, 0.0), pass_experts_of(kRoutings, 0.0);
@@ -318,7 +304,7 @@ int main(int argc, char** argv) {
                     double(T) / us * 1e6, tflops, m.calls, tc ? "tc" : "decode", nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
-                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, pass_tokens});
+                           pass_experts * per_expert, tflops, m.calls, m.replays, tc});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -358,7 +344,7 @@ int main(int argc, char** argv) {
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
        << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\""
-       << ", \"passes\": " << (r.T + r.pass - 1) / r.pass << ", \"streamed_bytes\": " << r.streamed
+       << ", \"passes\": " << (r.T + pass_tokens_of(r.tc) - 1) / pass_tokens_of(r.tc) << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
        << ", \"replays\": " << r.replays;
