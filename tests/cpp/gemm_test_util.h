@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fp4kit/formats.h"
+#include "fp4kit/repack.h"
 
 namespace fp4test {
 
@@ -51,6 +52,19 @@ inline CkptWeight random_weight(fp4kit::Format f, int64_t n, int64_t k, std::mt1
   }
   w.tensor_scale = f == fp4kit::Format::kNVFP4 ? (mode == ScaleMode::kPow2 ? 0.5f : 0.0137f) : 1.0f;
   return w;
+}
+
+// Prepack arguments for w's host tensors into dst (prepack_cpu; NVFP4 with w's tensor scale).
+inline fp4kit::PrepackArgs prepack_args(const CkptWeight& w, void* dst) {
+  fp4kit::PrepackArgs a;
+  a.format = w.format;
+  a.n = w.n;
+  a.k = w.k;
+  a.packed = w.packed.data();
+  a.scales = w.scales.data();
+  a.tensor_scale = w.format == fp4kit::Format::kNVFP4 ? &w.tensor_scale : nullptr;
+  a.dst = dst;
+  return a;
 }
 
 // Dequantize from the checkpoint layout with the spec functions of formats.h.

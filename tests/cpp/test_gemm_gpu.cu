@@ -107,12 +107,11 @@ void prepack_both(const CkptWeight& w, DeviceWeight& dw, const std::vector<float
 
   // CPU prepack of the same input: the regions the GEMM reads must match byte for byte.
   std::vector<uint8_t> cpu(l.total_bytes, 0), gpu(l.total_bytes);
-  PrepackArgs c = a;
-  c.packed = w.packed.data();
-  c.scales = w.scales.data();
-  c.tensor_scale = (w.format == Format::kNVFP4 && !row_ts) ? &w.tensor_scale : nullptr;
-  c.row_tensor_scale = row_ts ? row_ts->data() : nullptr;
-  c.dst = cpu.data();
+  PrepackArgs c = fp4test::prepack_args(w, cpu.data());
+  if (row_ts) {
+    c.tensor_scale = nullptr;
+    c.row_tensor_scale = row_ts->data();
+  }
   CHECK_OK(prepack_cpu(c));
   CUDA_OK(cudaMemcpy(gpu.data(), dw.buf, l.total_bytes, cudaMemcpyDeviceToHost));
   auto same = [&](size_t off, size_t bytes) { return std::memcmp(cpu.data() + off, gpu.data() + off, bytes) == 0; };

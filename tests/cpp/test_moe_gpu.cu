@@ -124,15 +124,7 @@ void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_
   for (int e = 0; e < E; ++e) {
     CkptWeight w = fp4test::random_weight(f, n, k, rng());
     if (rms_target > 0) rescale(w, rms_target);
-    PrepackArgs a;
-    a.format = f;
-    a.n = n;
-    a.k = k;
-    a.packed = w.packed.data();
-    a.scales = w.scales.data();
-    a.tensor_scale = f == Format::kNVFP4 ? &w.tensor_scale : nullptr;
-    a.dst = host.data() + stride * e;
-    CHECK_OK(prepack_cpu(a));
+    CHECK_OK(prepack_cpu(fp4test::prepack_args(w, host.data() + stride * e)));
     ex.w.push_back(fp4test::dequant(w));
   }
   CUDA_OK(cudaMalloc(&ex.buf, host.size()));
