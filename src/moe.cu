@@ -22,8 +22,10 @@
 // order (the grouped prefill GEMM reads X by TMA, which takes contiguous rows; the gathered copy costs
 // T * top_k * H * 2 bytes of traffic, ~1% of the GEMMs' time at T = 4096), gate_up and down as grouped
 // prefill GEMMs (prefill_gemm_sm90.cuh, kGrouped: one launch covers every expert's 128-row x BN-token
-// tiles), and the same activation and combine. The gathered X lives where the down GEMM's output goes
-// (it is dead by then), so the workspace is the decode path's per pair.
+// tiles), the activation and the same combine. The gather and the activation write their rows in lane
+// order (layout::natural_pair, k_pad long), the K order in which each lane of the GEMM dequantises only
+// its own weight records: the permutation costs nothing where the rows are written anyway. The gathered X
+// lives where the down GEMM's output goes (it is dead by then).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -121,16 +123,26 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   }
 }
 
-// ---- tensor-core path: X in sorted row order ----------------------------------------------------------
-// xs[r] = x[token_of_row[r]] for the routed rows r < offset[E], 16 bytes per thread and step.
-__global__ void moe_gather_kernel(const uint4* x, const int* token_of_row, const int* n_rows, int row_vecs, uint4* xs) {
+// ---- tensor-core path: X in sorted row order and lane order --------------------------------------------
+// xs row r = x[token_of_row[r]] for the routed rows r < offset[E], in lane order (layout::natural_pair):
+// [k_pad] with the pairs past k zero. 16 bytes (4 pairs) of xs per thread and step, read as 4-byte pairs.
+__global__ void moe_gather_kernel(const uint32_t* x, const int* token_of_row, const int* n_rows, Format f, int k,
+                                  int k_pad, uint4* xs) {
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();
-  const int64_t total = int64_t(*n_rows) * row_vecs;
+  const int pairs = k / 2, vecs = k_pad / 8;  // pairs of a source row, 16-byte vectors of a gathered row
+  const int64_t total = int64_t(*n_rows) * vecs;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / row_vecs;
-    const int c = int(idx % row_vecs);
-    xs[idx] = x[int64_t(token_of_row[r]) * row_vecs + c];
+    const int64_t r = idx / vecs;
+    const int q0 = int(idx % vecs) * 4;
+    const uint32_t* src = x + int64_t(token_of_row[r]) * pairs;
+    uint32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int pn = int(layout::natural_pair(f, q0 + j));
+      v[j] = pn < pairs ? src[pn] : 0u;
+    }
+    xs[idx] = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
 
@@ -152,33 +164,42 @@ template <> struct Elem<__half> {
 };
 
 template <typename T>
-__global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, MoEActivation act,
-                                      GateUpLayout layout, float alpha, float limit) {
+__device__ __forceinline__ float activate(const T* hr, int i, int inter, MoEActivation act, GateUpLayout layout,
+                                          float alpha, float limit) {
+  float g, u;
+  if (layout == GateUpLayout::kInterleaved) {
+    g = Elem<T>::load(hr[2 * i]);
+    u = Elem<T>::load(hr[2 * i + 1]);
+  } else {
+    g = Elem<T>::load(hr[i]);
+    u = Elem<T>::load(hr[inter + i]);
+  }
+  if (act == MoEActivation::kSwigluOAI) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// a row r = act(h row r): [inter] in natural order (decode path, row_len = inter), or, for the tensor-core
+// path's down GEMM, [row_len = k_pad] in lane order (lane_format: the experts' format; pairs past inter
+// zero). One pair of outputs per thread and step.
+template <typename T, bool kLane>
+__global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, int row_len, Format lane_format,
+                                      MoEActivation act, GateUpLayout layout, float alpha, float limit) {
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();
-  const int rows = *n_rows;
-  const int64_t total = int64_t(rows) * inter;
+  const int rows = *n_rows, row_pairs = row_len / 2;
+  const int64_t total = int64_t(rows) * row_pairs;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / inter;
-    const int i = int(idx % inter);
+    const int64_t r = idx / row_pairs;
+    const int q = int(idx % row_pairs);
+    const int i = 2 * int(kLane ? layout::natural_pair(lane_format, q) : q);  // first natural element
     const T* hr = h + r * 2 * inter;
-    float g, u;
-    if (layout == GateUpLayout::kInterleaved) {
-      g = Elem<T>::load(hr[2 * i]);
-      u = Elem<T>::load(hr[2 * i + 1]);
-    } else {
-      g = Elem<T>::load(hr[i]);
-      u = Elem<T>::load(hr[inter + i]);
-    }
-    float v;
-    if (act == MoEActivation::kSwigluOAI) {
-      g = fminf(g, limit);
-      u = fminf(fmaxf(u, -limit), limit);
-      v = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
-    } else {
-      v = g / (1.0f + expf(-g)) * u;
-    }
-    a[idx] = Elem<T>::store(v);
+    T* ar = a + r * row_len + 2 * q;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) ar[e] = i + e < inter ? Elem<T>::store(activate(hr, i + e, inter, act, layout, alpha, limit)) : T(0.0f);
   }
 }
 
@@ -223,7 +244,8 @@ constexpr int prefill_index(int n_tiles) {
       return i;
   return -1;
 }
-static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0, "the config table has no unsplit p64 / p128 entry");
+static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
+              "the config table has no unsplit p64 / p128 / p256 entry");
 
 // The entry a grouped GEMM runs for (n_tiles, activation dtype). FP16 at 32 tokens per pass takes the first
 // entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in grouped mode
@@ -327,6 +349,7 @@ struct MoEPlan {
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : kPassTokens; }
+  int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
 };
@@ -357,9 +380,11 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
   p.pdl = detail::pdl_enabled_here();
   if (p.tc) {
-    // Token tile: 128 rows where an expert has ~a tile of them on average, else 64 (a partial tile
-    // computes empty columns; a second tile re-reads the expert's weights, mostly from L2).
-    const int bn = p.pairs / p.max_active >= 96 ? 128 : 64;
+    // Token tile (unless a.token_tile says): 256 rows where an expert has >= 384 of the pass on average,
+    // 128 from 96, else 64. A partial tile computes empty columns; every extra tile dequantises the
+    // expert's weights again (from L2).
+    const int avg = p.pairs / p.max_active;
+    const int bn = a.token_tile ? a.token_tile : avg >= 384 ? 256 : avg >= 96 ? 128 : 64;
     const KernelConfig& cfg = kKernelConfigs[prefill_index(bn / 8)];
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
@@ -382,10 +407,14 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.h_off = off;
   const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o are of the activation dtype
   off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
+  // Tensor-core path: the activations (down's X) and the gathered X (in o, dead until down writes it) are
+  // rows of k_pad in lane order.
+  p.a_len = p.tc ? p.tdn.layout.k_pad : a.inter;
+  p.x_len = p.tc ? p.tgu.layout.k_pad : 0;
   p.a_off = off;
-  off = align256(off + size_t(p.pairs) * a.inter * eb);
+  off = align256(off + size_t(p.pairs) * p.a_len * eb);
   p.o_off = off;
-  off = align256(off + size_t(p.pairs) * a.hidden * eb);
+  off = align256(off + size_t(p.pairs) * std::max<int64_t>(a.hidden, p.x_len) * eb);
   p.counters_off = off;
   if (!p.bf16 && !p.tc) {  // the BF16 GEMV and the grouped prefill GEMM have no split-K
     p.counters_bytes =
@@ -475,6 +504,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
   if (!(a.limit > 0.0f) || !std::isfinite(a.alpha)) return Status::Invalid("alpha, limit: must be finite, limit > 0");
   if (a.path != MoEPath::kAuto && a.path != MoEPath::kDecode && a.path != MoEPath::kTensorCore)
     return Status::Invalid("path: must be MoEPath::kAuto, kDecode or kTensorCore (got " + std::to_string(int(a.path)) + ")");
+  if (a.token_tile != 0 && a.token_tile != 64 && a.token_tile != 128 && a.token_tile != 256)
+    return Status::Invalid("token_tile: must be 0 (chosen), 64, 128 or 256 (got " + std::to_string(a.token_tile) + ")");
   return make_moe_plan(a, plan);
 }
 
@@ -582,15 +613,20 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   const int64_t eb = dtype_bytes(a.act);
   auto launch_activation = [&] {
     const int* n_rows = b.offset + E;
-    const int inter = int(a.inter);
-    if (f16)
-      detail::launch_kernel(&moe_activation_kernel<__half>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
-                            static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, a.activation,
-                            a.layout, a.alpha, a.limit);
-    else
-      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
-                            static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
-                            a.activation, a.layout, a.alpha, a.limit);
+    const int inter = int(a.inter), len = int(plan.a_len);
+    const Format lf = a.down.format;
+    auto go = [&](auto kernel, auto* typed) {
+      using P = std::remove_pointer_t<decltype(typed)>;
+      detail::launch_kernel(kernel, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl, static_cast<const P*>(h),
+                            static_cast<P*>(act), n_rows, inter, len, lf, a.activation, a.layout, a.alpha, a.limit);
+    };
+    if (f16) {
+      if (plan.tc) go(&moe_activation_kernel<__half, true>, static_cast<__half*>(nullptr));
+      else go(&moe_activation_kernel<__half, false>, static_cast<__half*>(nullptr));
+    } else {
+      if (plan.tc) go(&moe_activation_kernel<__nv_bfloat16, true>, static_cast<__nv_bfloat16*>(nullptr));
+      else go(&moe_activation_kernel<__nv_bfloat16, false>, static_cast<__nv_bfloat16*>(nullptr));
+    }
   };
   auto launch_combine = [&](int64_t t0, int tokens, void* y) {
     const float* w = a.topk_weights + t0 * a.top_k;
@@ -632,11 +668,12 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
                           a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, b, counters,
                           int(plan.counters_bytes / sizeof(int)));
     if (plan.tc) {
-      // X gathered into sorted rows where the down GEMM's output goes later (o: [pairs, H], dead until then).
-      const int row_vecs = int(a.hidden * eb / 16);
+      // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until
+      // then).
       detail::launch_kernel(&moe_gather_kernel, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
-                            static_cast<const uint4*>(x), static_cast<const int*>(b.token_of_row),
-                            static_cast<const int*>(b.offset + E), row_vecs, static_cast<uint4*>(o));
+                            static_cast<const uint32_t*>(x), static_cast<const int*>(b.token_of_row),
+                            static_cast<const int*>(b.offset + E), a.gate_up.format, int(a.hidden),
+                            int(plan.x_len), static_cast<uint4*>(o));
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
       launch_activation();
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));

@@ -33,15 +33,12 @@ PrefillKernel kernel_of() {
   using G = pk::Geometry<BN>;
   return {pk::prefill_gemm_kernel<F, T, BN, kGrouped>, G::kSmem, G::kStages, G::kPartialFloats};
 }
-// Grouped (MoE) kernels exist for BN = 64 and 128 only: an expert rarely has 256 tokens of a pass.
 template <Format F, typename T, bool kGrouped>
 PrefillKernel kernel_for_tile(int bn) {
   switch (bn) {
     case 64: return kernel_of<F, T, 64, kGrouped>();
     case 128: return kernel_of<F, T, 128, kGrouped>();
-    case 256:
-      if constexpr (!kGrouped) return kernel_of<F, T, 256, false>();
-      return {};
+    case 256: return kernel_of<F, T, 256, kGrouped>();
     default: return {};
   }
 }
@@ -243,7 +240,7 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
   const PackedLayout& l = plan.layout;
   CUtensorMap map;
-  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn, &map));
+  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));  // lane order: k_pad long
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};

@@ -30,12 +30,13 @@ struct GroupedPrefillPlan {
   PackedLayout layout;  // of one expert's matrix
 };
 // For experts of (format, n, k) with `act` activations, through the kWgmma table entry `cfg` (token tile
-// 8 * cfg.n_tiles: 64 or 128; no K split). kNotSupported when this build has no sm_90a code for it.
+// 8 * cfg.n_tiles: 64, 128 or 256; no K split). kNotSupported when this build has no sm_90a code for it.
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
                             GroupedPrefillPlan* out);
 
 struct GroupedPrefillArgs {
-  const void* x = nullptr;  // [rows, k] of act, the experts' rows one expert after another
+  const void* x = nullptr;  // [rows, k_pad] of act in lane order (layout::natural_pair), the experts' rows
+                            // one expert after another
   void* y = nullptr;        // [rows, n] of act, same row order
   int64_t rows = 0;
   const int* offset = nullptr;       // [experts + 1] on the device

@@ -2,7 +2,7 @@
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
 //                    [--t 1,4,16,64,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
-//                    [--replays N] [--act bf16|f16] [--path auto|decode|tc]
+//                    [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
@@ -19,7 +19,8 @@
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
 // same way (n * k * 2 per matrix). --path forces fused_moe's path (MoEArgs::path; each row records the path
-// taken, and passes and streamed bytes follow that path's pass size). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
+// taken, and passes and streamed bytes follow that path's pass size). --tile sets MoEArgs::token_tile, the
+// tensor-core path's token tile (0: chosen; rows record it as token_tile). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
 // re-seeded per model and format).
 #include <cuda_runtime.h>
@@ -144,12 +145,12 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,512,2048,8192"},
                                             {"formats", "mxfp4,nvfp4,bf16"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"},
-                                            {"path", "auto"}};
+                                            {"path", "auto"}, {"tile", "0"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]"
-                  " [--replays N] [--act bf16|f16] [--path auto|decode|tc]\n");
+                  " [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -181,6 +182,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const MoEPath path = opt["path"] == "tc" ? MoEPath::kTensorCore : opt["path"] == "decode" ? MoEPath::kDecode : MoEPath::kAuto;
+  const int tile = std::atoi(opt["tile"].c_str());  // MoEArgs::token_tile (0: chosen); fused_moe checks it
   constexpr int kRoutings = 16;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
         a.layout = sh.layout;
         a.act = act_bf16 ? DType::kBF16 : DType::kF16;
         a.path = bf16 ? MoEPath::kAuto : path;
+        a.token_tile = tile;
         MoEPath taken = MoEPath::kDecode;
         CKS(moe_path(a, &taken));
         const bool tc = taken == MoEPath::kTensorCore;
@@ -343,7 +346,7 @@ int main(int argc, char** argv) {
        << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
-       << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\""
+       << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\"" << ", \"token_tile\": " << tile
        << ", \"passes\": " << (r.T + pass_tokens_of(r.tc) - 1) / pass_tokens_of(r.tc) << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls

@@ -111,6 +111,9 @@ struct MoEArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   MoEPath path = MoEPath::kAuto;
+  // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256; 0 (default) chooses from the
+  // average tokens per routed expert. Ignored on the decode path.
+  int token_tile = 0;
 };
 
 // Checks every argument (the messages name the argument and the rule).

@@ -56,6 +56,19 @@ FP4KIT_HD int bit_position(int p, int h, int b) {
 FP4KIT_HD int pair_row(int g, int p) { return (p & 1) ? g + 8 : g; }
 FP4KIT_HD int pair_k(int s, int p, int h) { return 4 * s + ((p & 2) ? 2 : 0) + h; }
 
+// Lane order of X: the K order in which lane t's own records meet wgmma's natural k16 steps. The prefill
+// kernel's A fragment of lane t in a k16 step holds k {2t, 2t+1, 2t+8, 2t+9}; word s of lane t's record
+// holds K = lane_kbase + 4s + {0, 1, 2, 3} (pairs p0/p1 then p2/p3). So if step s of chunk c reads the 16
+// K {lane_kbase(c, t) + 4s + 2h + e : t, h, e} with k = 8h + 2t + e, every lane dequantises its own
+// record word s for step s, as the decode kernel does. A row of X in lane order holds, at 2-element
+// (4-byte) position q, the natural pair natural_pair(q): q = 32c + 8s + 4h + t within chunk c's 32 pairs.
+// Rows are k_pad long (the K padding of the weights: chunk pairs of MXFP4 interleave over 128 K); pairs
+// past K are zero.
+FP4KIT_HD int64_t natural_pair(Format f, int64_t q) {
+  const int r = int(q & 31);
+  return lane_kbase(f, q >> 5, r & 3) / 2 + 2 * (r >> 3) + ((r >> 2) & 1);
+}
+
 // Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
 // Each 32-bit word holds two scale "units" u0, u1 (NVFP4: chunks; MXFP4: chunk pairs) as bytes
 // [u0 g, u1 g, u0 g+8, u1 g+8]: the even bytes of a word are one unit's two rows, so one mask turns them

@@ -19,6 +19,11 @@
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
 //   next expert's X rows: those columns are computed and never written.
+//   Lane order (kLaneX, on in grouped mode): X rows are k_pad long and in lane order
+//   (layout::natural_pair), which the MoE's gather and activation kernels write at no extra cost. Each
+//   lane then dequantises only its own records (own_fragments); natural order needs the quad exchange of
+//   chunk_fragments, about 2.3x the instructions per weight (see "Why" below), which is what limits
+//   token tiles of 64 and 128.
 //
 // Why it is shaped this way
 //   Past m ~ 32 the GEMM is compute-bound, so the tensor cores must be fed by wgmma (mma.sync reaches
@@ -328,6 +333,23 @@ __device__ __forceinline__ void chunk_fragments(uint32_t (&a)[4][4], uint32_t re
   }
 }
 
+// The same fragments when X is in lane order (layout::natural_pair): step s is this lane's own record word
+// s, no shuffles, no selects (the decode kernel's mapping: p0/p1 are rows g/g+8 at k 2t, 2t+1, p2/p3 at
+// k 2t+8, 2t+9), at under half the instructions of chunk_fragments.
+template <Format F, typename T>
+__device__ __forceinline__ void own_fragments(uint32_t (&a)[4][4], uint32_t recs, uint32_t own_scale, int lane) {
+  const uint4 v = lds128(recs + lane * 16);
+  const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+  const uint32_t s_lo = dup_lo(own_scale), s_hi = dup_hi(own_scale);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    a[s][0] = Act<T>::mul2(Act<T>::template pair<0>(q[s]), s_lo);  // row g,   k 2t, 2t+1
+    a[s][1] = Act<T>::mul2(Act<T>::template pair<1>(q[s]), s_hi);  // row g+8, k 2t, 2t+1
+    a[s][2] = Act<T>::mul2(Act<T>::template pair<2>(q[s]), s_lo);  // row g,   k 2t+8, 2t+9
+    a[s][3] = Act<T>::mul2(Act<T>::template pair<3>(q[s]), s_hi);  // row g+8, k 2t+8, 2t+9
+  }
+}
+
 // The CTA's operands; false (grouped mode) when its tile is past the routing's last tile.
 template <typename T, int BN, bool kGrouped>
 __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_tile, CtaOperands<T>& o) {
@@ -358,7 +380,7 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
-template <Format F, typename T, int BN, bool kGrouped = false>
+template <Format F, typename T, int BN, bool kGrouped = false, bool kLaneX = kGrouped>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -457,14 +479,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
         const bool have = kStageChunks * s + i < p.k_chunks;
         uint32_t a[4][4];
-        chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        if constexpr (kLaneX) own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        else chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
         fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
         fence_acc(acc);
         wgmma_fence();  // A registers and accumulators were written by this thread
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          // K offset of quad lane ks's slice in this stage (chunk i): NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
-          const int koff = int(layout::lane_kbase(F, i, ks));
+          // K offset of step ks in this stage: in lane order chunk i is half i, step ks its 16 K at 16 ks;
+          // in natural order quad lane ks's slice of chunk i: NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
+          const int koff = kLaneX ? 64 * i + 16 * ks : int(layout::lane_kbase(F, i, ks));
           const uint32_t off = (koff >> 6) * G::kXHalf + (koff & 63) * 2;
           Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
         }

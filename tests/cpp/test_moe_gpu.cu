@@ -147,6 +147,7 @@ struct Case {
   enum Routing { kRandom, kSkewed, kOneExpert } routing = kRandom;
   std::vector<std::pair<int, int>> bad;  // (pair index, id) overrides
   MoEPath path = MoEPath::kAuto;
+  int token_tile = 0;  // MoEArgs::token_tile (tensor-core path)
 };
 
 double act_ref(double g, double u, const Case& c) {
@@ -205,6 +206,7 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   a.layout = c.layout;
   a.act = c.f16 ? DType::kF16 : DType::kBF16;
   a.path = c.path;
+  a.token_tile = c.token_tile;
   a.y = dy;
   size_t bytes = 0;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
@@ -529,7 +531,7 @@ bool tensor_core_path_here(const char* test) {
 // NVFP4's odd last stage) and I = 96 (down K = 96), n = 192 and 160 (partial 128-row blocks). Tokens:
 // 1 (one row), 37 and 300 (partial token tiles; skewed: several tiles per expert), kOneExpert (every
 // token on experts 0..k-1: one expert with T rows, many tiles), T = 1000 with top-1 (128-token tiles),
-// and 4100 tokens (two passes of 4096).
+// and 4100 tokens (two passes of 4096). The cases cycle through the token tiles (chosen, 64, 128, 256).
 TEST(moe_tensor_core_matches_reference) {
   if (!tensor_core_path_here("moe_tensor_core_matches_reference")) return;
   struct TC { int64_t T; int k; Case::Routing r; bool f16; };
@@ -540,10 +542,13 @@ TEST(moe_tensor_core_matches_reference) {
     cases.push_back({130, 1, Case::kOneExpert, false});
     cases.push_back({4100, 2, Case::kRandom, false});
   }
+  int n = 0;
   for (Format f : {Format::kMXFP4, Format::kNVFP4})
     for (const TC& t : cases) {
       Case c;
       c.path = MoEPath::kTensorCore;
+      const int tiles[4] = {0, 64, 128, 256};  // chosen, then each token tile forced in turn
+      c.token_tile = tiles[n++ % 4];
       c.f = f;
       c.f16 = t.f16;
       c.T = t.T;
@@ -595,6 +600,9 @@ TEST(moe_validator_messages) {
   b = a;
   b.path = static_cast<MoEPath>(7);
   CHECK_ERROR(moe_validate(b), "path: must be MoEPath::kAuto, kDecode or kTensorCore (got 7)");
+  b = a;
+  b.token_tile = 96;
+  CHECK_ERROR(moe_validate(b), "token_tile: must be 0 (chosen), 64, 128 or 256 (got 96)");
   b = a;
   b.act = DType::kF32;
   CHECK_ERROR(moe_validate(b), "act: must be bfloat16 or float16 (got float32)");
