@@ -28,6 +28,12 @@ struct DecodePlan {
   int token_tiles = 0;      // prefill: ceil(m / token tile)
   int splits = 1;           // prefill: K splits per tile (> 1: partial tiles summed through the workspace)
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
+  // prefill: X is read in lane order (layout::natural_pair) from the workspace at lane_x_offset, permuted
+  // there by one pass of lane_order_kernel per pass_m tokens (the plan's token tiles and splits are those
+  // of one pass: the workspace stays bounded, see kLaneXPassBytes).
+  bool lane_x = false;
+  int64_t pass_m = 0;
+  size_t lane_x_offset = 0;
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
 };
 
@@ -39,6 +45,9 @@ constexpr size_t kCounterRegionBytes = size_t(64) << 10;
 inline size_t counters_region(int64_t counters) {
   return std::max(kCounterRegionBytes, (size_t(counters) * sizeof(int) + 255) / 256 * 256);
 }
+
+// The most bytes of lane-ordered X a prefill pass stages in the workspace (larger m runs in passes).
+constexpr int64_t kLaneXPassBytes = int64_t(128) << 20;
 
 // Bytes of one CTA's partial tile in the stream-K workspace (fp32, warps x row tiles x token tiles).
 inline size_t partial_slot_bytes(const KernelConfig& c) {

@@ -123,29 +123,6 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   }
 }
 
-// ---- tensor-core path: X in sorted row order and lane order --------------------------------------------
-// xs row r = x[token_of_row[r]] for the routed rows r < offset[E], in lane order (layout::natural_pair):
-// [k_pad] with the pairs past k zero. 16 bytes (4 pairs) of xs per thread and step, read as 4-byte pairs.
-__global__ void moe_gather_kernel(const uint32_t* x, const int* token_of_row, const int* n_rows, Format f, int k,
-                                  int k_pad, uint4* xs) {
-  kernels::griddep_launch_dependents();
-  kernels::griddep_wait();
-  const int pairs = k / 2, vecs = k_pad / 8;  // pairs of a source row, 16-byte vectors of a gathered row
-  const int64_t total = int64_t(*n_rows) * vecs;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / vecs;
-    const int q0 = int(idx % vecs) * 4;
-    const uint32_t* src = x + int64_t(token_of_row[r]) * pairs;
-    uint32_t v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pn = int(layout::natural_pair(f, q0 + j));
-      v[j] = pn < pairs ? src[pn] : 0u;
-    }
-    xs[idx] = make_uint4(v[0], v[1], v[2], v[3]);
-  }
-}
-
 // ---- 3. activation ---------------------------------------------------------------------------------
 // Element conversions of the activation dtype; FP16 saturates (see fp4kit/moe.h): a gate/up value that
 // overflowed to +-inf in the gate_up epilogue reads as +-65504, and an activation output past the range
@@ -670,10 +647,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     if (plan.tc) {
       // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until
       // then).
-      detail::launch_kernel(&moe_gather_kernel, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
-                            static_cast<const uint32_t*>(x), static_cast<const int*>(b.token_of_row),
-                            static_cast<const int*>(b.offset + E), a.gate_up.format, int(a.hidden),
-                            int(plan.x_len), static_cast<uint4*>(o));
+      detail::launch_lane_order(x, b.token_of_row, b.offset + E, 0, a.gate_up.format, a.hidden, plan.x_len, o,
+                                ew_blocks, stream, plan.pdl);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
       launch_activation();
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));

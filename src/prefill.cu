@@ -6,13 +6,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fp4kit/repack.h"
+#include "kernels/lane_order.cuh"
 #include "kernels/prefill_gemm_sm90.cuh"
+#include "launch.h"
 #include "prefill.h"
 #include "repack_common.h"
 
@@ -28,27 +31,35 @@ struct PrefillKernel {
   PrefillFn fn = nullptr;
   int smem = 0, stages = 0, partial_floats = 0;
 };
-template <Format F, typename T, int BN, bool kGrouped>
+template <Format F, typename T, int BN, bool kGrouped, bool kLaneX>
 PrefillKernel kernel_of() {
   using G = pk::Geometry<BN>;
-  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped>, G::kSmem, G::kStages, G::kPartialFloats};
+  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped, kLaneX>, G::kSmem, G::kStages, G::kPartialFloats};
 }
-template <Format F, typename T, bool kGrouped>
+template <Format F, typename T, bool kGrouped, bool kLaneX>
 PrefillKernel kernel_for_tile(int bn) {
   switch (bn) {
-    case 64: return kernel_of<F, T, 64, kGrouped>();
-    case 128: return kernel_of<F, T, 128, kGrouped>();
-    case 256: return kernel_of<F, T, 256, kGrouped>();
+    case 64: return kernel_of<F, T, 64, kGrouped, kLaneX>();
+    case 128: return kernel_of<F, T, 128, kGrouped, kLaneX>();
+    case 256: return kernel_of<F, T, 256, kGrouped, kLaneX>();
     default: return {};
   }
 }
-template <bool kGrouped>
+// Grouped kernels read X in lane order always; dense ones unless FP4KIT_PREFILL_X=natural (an A/B switch).
+template <bool kGrouped, bool kLaneX = true>
 PrefillKernel select_kernel(Format f, DType act, int bn) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn)
-                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn);
-  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn)
-                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn);
+    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped, kLaneX>(bn)
+                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped, kLaneX>(bn);
+  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped, kLaneX>(bn)
+                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped, kLaneX>(bn);
+}
+bool dense_natural_x() {
+  static const bool natural = [] {
+    const char* v = std::getenv("FP4KIT_PREFILL_X");
+    return v && std::string(v) == "natural";
+  }();
+  return natural;
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), resolved once.
@@ -122,7 +133,8 @@ namespace {
 // build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
 Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
   const int bn = 8 * cfg.n_tiles;
-  *k = grouped ? select_kernel<true>(f, act, bn) : select_kernel<false>(f, act, bn);
+  *k = grouped ? select_kernel<true>(f, act, bn)
+               : dense_natural_x() ? select_kernel<false, false>(f, act, bn) : select_kernel<false>(f, act, bn);
   if (!k->fn)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " has no " + (grouped ? "grouped " : "") +
                                        "prefill kernel");
@@ -150,10 +162,16 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   p.threads = pk::kThreads;
   p.smem_bytes = k.smem;
   p.layout = l;
-  p.m_block = m;  // one launch for all tokens
+  p.m_block = m;
+  p.lane_x = !dense_natural_x();
+  // Passes of equal size (whole token tiles) whose lane-ordered X fits kLaneXPassBytes.
+  const int64_t row_bytes = l.k_pad * 2;
+  const int64_t cap = std::max<int64_t>(bn, kLaneXPassBytes / row_bytes / bn * bn);
+  const int64_t passes = p.lane_x ? (m + cap - 1) / cap : 1;
+  p.pass_m = std::min(m, ((m + passes - 1) / passes + bn - 1) / bn * bn);
   p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
-  p.token_tiles = int((m + bn - 1) / bn);
-  p.splits = int(std::min<int64_t>(prefill_splits(cfg, m, w.n, w.k, sms), l.k_macros));
+  p.token_tiles = int((p.pass_m + bn - 1) / bn);
+  p.splits = int(std::min<int64_t>(prefill_splits(cfg, p.pass_m, w.n, w.k, sms), l.k_macros));
   p.units = int64_t(p.row_groups) * p.token_tiles;
   if (p.units * p.splits > INT32_MAX) return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
   p.grid = int(p.units * p.splits);
@@ -162,6 +180,11 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.partials_bytes = size_t(p.units) * p.splits * k.partial_floats * sizeof(float);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
+  if (p.lane_x) {
+    // After the counter region even without splits: other shapes' counters there must stay zero.
+    p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
+    p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
+  }
   *out = p;
   return Status::Ok();
 }
@@ -201,25 +224,43 @@ Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, C
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
   const PackedLayout& l = plan.layout;
   const int bn = 8 * plan.cfg->n_tiles;
-  CUtensorMap map;
-  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, a.w.k, a.m, a.act, bn, &map));
-
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
-  pk::PrefillParams p = shape_params(l, a.m, plan.row_groups, plan.token_tiles, plan.splits);
-  p.y = a.y;
-  p.bias = a.bias;
-  p.weights = base + l.weights_offset;
-  p.scales = base + l.scales_offset;
-  p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
-  p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
-  p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
-
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
-  fn<<<unsigned(plan.grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
+  const size_t eb = 2;  // bytes of an activation element
+  for (int64_t t0 = 0; t0 < a.m; t0 += plan.pass_m) {
+    const int64_t m = std::min(plan.pass_m, a.m - t0);
+    const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
+    if (plan.lane_x) {
+      void* xl = ws + plan.lane_x_offset;
+      const int64_t vecs = m * l.k_pad / 8;
+      const int blocks = int(std::min<int64_t>((vecs + 255) / 256, 132 * 8));
+      launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, blocks, stream, false);
+      x = xl;
+    }
+    CUtensorMap map;
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(x, plan.lane_x ? l.k_pad : l.k, m, a.act, bn, &map));
+    const int token_tiles = int((m + bn - 1) / bn);
+    pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits);
+    p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
+    p.bias = a.bias;
+    p.weights = base + l.weights_offset;
+    p.scales = base + l.scales_offset;
+    p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
+    p.counters = plan.splits > 1 ? reinterpret_cast<int*>(ws) : nullptr;
+    p.partials = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+    fn<<<unsigned(int64_t(plan.row_groups) * token_tiles * plan.splits), plan.threads, plan.smem_bytes, stream>>>(map, p);
+  }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
   return Status::Ok();
+}
+
+cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
+                              int64_t k_pad, void* dst, int blocks, cudaStream_t stream, bool pdl) {
+  return launch_kernel(&kernels::lane_order_kernel, dim3(blocks), dim3(256), 0, stream, pdl,
+                       static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
+                       static_cast<uint4*>(dst));
 }
 
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,

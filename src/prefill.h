@@ -50,6 +50,12 @@ struct GroupedPrefillArgs {
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 
+// Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
+// r < rows, or < *n_rows when n_rows is given (read on the device), permuted and k_pad long. `blocks` CTAs
+// of 256 threads; pdl: launched with programmatic dependent launch.
+cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
+                              int64_t k_pad, void* dst, int blocks, cudaStream_t stream, bool pdl);
+
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.
 bool prefill_runs_here();
