@@ -12,7 +12,8 @@ namespace detail {
 
 // The launch plan of either kernel (the name is the decode kernel's, which the MoE layer plans with too).
 // Decode (kRing, kBulk): persistent stream-K CTAs over (row group, K unit) units, one launch per m_block
-// tokens. Prefill (kWgmma): one launch of row_groups (128-row blocks) x token_tiles x splits CTAs.
+// tokens. Prefill (kWgmma): per pass of pass_m tokens, X into lane order, then one launch of row_groups
+// (128-row blocks) x token_tiles x splits CTAs.
 struct DecodePlan {
   const KernelConfig* cfg = nullptr;
   const void* kernel = nullptr;  // the instantiated kernel for (format, act, cfg)
@@ -30,8 +31,7 @@ struct DecodePlan {
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
   // prefill: X is read in lane order (layout::natural_pair) from the workspace at lane_x_offset, permuted
   // there by one pass of lane_order_kernel per pass_m tokens (the plan's token tiles and splits are those
-  // of one pass: the workspace stays bounded, see kLaneXPassBytes).
-  bool lane_x = false;
+  // of one pass: the workspace stays bounded, see lane_x_pass_bytes).
   int64_t pass_m = 0;
   size_t lane_x_offset = 0;
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
@@ -46,8 +46,9 @@ inline size_t counters_region(int64_t counters) {
   return std::max(kCounterRegionBytes, (size_t(counters) * sizeof(int) + 255) / 256 * 256);
 }
 
-// The most bytes of lane-ordered X a prefill pass stages in the workspace (larger m runs in passes).
-constexpr int64_t kLaneXPassBytes = int64_t(128) << 20;
+// The most bytes of lane-ordered X a prefill pass stages in the workspace (larger m runs in passes of
+// equal size). A variable only so that tests can force several passes on small shapes.
+inline int64_t lane_x_pass_bytes = int64_t(128) << 20;
 
 // Bytes of one CTA's partial tile in the stream-K workspace (fp32, warps x row tiles x token tiles).
 inline size_t partial_slot_bytes(const KernelConfig& c) {

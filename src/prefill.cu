@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -31,35 +30,27 @@ struct PrefillKernel {
   PrefillFn fn = nullptr;
   int smem = 0, stages = 0, partial_floats = 0;
 };
-template <Format F, typename T, int BN, bool kGrouped, bool kLaneX>
+template <Format F, typename T, int BN, bool kGrouped>
 PrefillKernel kernel_of() {
   using G = pk::Geometry<BN>;
-  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped, kLaneX>, G::kSmem, G::kStages, G::kPartialFloats};
+  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped>, G::kSmem, G::kStages, G::kPartialFloats};
 }
-template <Format F, typename T, bool kGrouped, bool kLaneX>
+template <Format F, typename T, bool kGrouped>
 PrefillKernel kernel_for_tile(int bn) {
   switch (bn) {
-    case 64: return kernel_of<F, T, 64, kGrouped, kLaneX>();
-    case 128: return kernel_of<F, T, 128, kGrouped, kLaneX>();
-    case 256: return kernel_of<F, T, 256, kGrouped, kLaneX>();
+    case 64: return kernel_of<F, T, 64, kGrouped>();
+    case 128: return kernel_of<F, T, 128, kGrouped>();
+    case 256: return kernel_of<F, T, 256, kGrouped>();
     default: return {};
   }
 }
-// Grouped kernels read X in lane order always; dense ones unless FP4KIT_PREFILL_X=natural (an A/B switch).
-template <bool kGrouped, bool kLaneX = true>
+template <bool kGrouped>
 PrefillKernel select_kernel(Format f, DType act, int bn) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped, kLaneX>(bn)
-                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped, kLaneX>(bn);
-  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped, kLaneX>(bn)
-                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped, kLaneX>(bn);
-}
-bool dense_natural_x() {
-  static const bool natural = [] {
-    const char* v = std::getenv("FP4KIT_PREFILL_X");
-    return v && std::string(v) == "natural";
-  }();
-  return natural;
+    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn)
+                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn);
+  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn)
+                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), resolved once.
@@ -133,8 +124,7 @@ namespace {
 // build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
 Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
   const int bn = 8 * cfg.n_tiles;
-  *k = grouped ? select_kernel<true>(f, act, bn)
-               : dense_natural_x() ? select_kernel<false, false>(f, act, bn) : select_kernel<false>(f, act, bn);
+  *k = grouped ? select_kernel<true>(f, act, bn) : select_kernel<false>(f, act, bn);
   if (!k->fn)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " has no " + (grouped ? "grouped " : "") +
                                        "prefill kernel");
@@ -163,11 +153,10 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   p.smem_bytes = k.smem;
   p.layout = l;
   p.m_block = m;
-  p.lane_x = !dense_natural_x();
-  // Passes of equal size (whole token tiles) whose lane-ordered X fits kLaneXPassBytes.
+  // Passes of equal size (whole token tiles) whose lane-ordered X fits lane_x_pass_bytes.
   const int64_t row_bytes = l.k_pad * 2;
-  const int64_t cap = std::max<int64_t>(bn, kLaneXPassBytes / row_bytes / bn * bn);
-  const int64_t passes = p.lane_x ? (m + cap - 1) / cap : 1;
+  const int64_t cap = std::max<int64_t>(bn, lane_x_pass_bytes / row_bytes / bn * bn);
+  const int64_t passes = (m + cap - 1) / cap;
   p.pass_m = std::min(m, ((m + passes - 1) / passes + bn - 1) / bn * bn);
   p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
   p.token_tiles = int((p.pass_m + bn - 1) / bn);
@@ -179,12 +168,9 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.counters_bytes = counters_region(p.units);
     p.partials_bytes = size_t(p.units) * p.splits * k.partial_floats * sizeof(float);
   }
-  p.workspace_bytes = p.counters_bytes + p.partials_bytes;
-  if (p.lane_x) {
-    // After the counter region even without splits: other shapes' counters there must stay zero.
-    p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
-    p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
-  }
+  // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
+  p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
+  p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
   *out = p;
   return Status::Ok();
 }
@@ -231,15 +217,12 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   for (int64_t t0 = 0; t0 < a.m; t0 += plan.pass_m) {
     const int64_t m = std::min(plan.pass_m, a.m - t0);
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
-    if (plan.lane_x) {
-      void* xl = ws + plan.lane_x_offset;
-      const int64_t vecs = m * l.k_pad / 8;
-      const int blocks = int(std::min<int64_t>((vecs + 255) / 256, 132 * 8));
-      launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, blocks, stream, false);
-      x = xl;
-    }
+    // X of this pass into lane order (the kernel's K order, kernels/lane_order.cuh) in the workspace.
+    void* xl = ws + plan.lane_x_offset;
+    const int blocks = int(std::min<int64_t>((m * l.k_pad / 8 + 255) / 256, 132 * 8));
+    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, blocks, stream, false);
     CUtensorMap map;
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(x, plan.lane_x ? l.k_pad : l.k, m, a.act, bn, &map));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
     pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits);
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;

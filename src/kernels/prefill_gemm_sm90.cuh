@@ -11,19 +11,17 @@
 //   partials in split order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is
 //   bitwise the same whatever the arrival order (deterministic).
 //   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) * splits (1-D, see cta_tile), kThreads threads,
-//   Geometry<BN>::kSmem bytes of dynamic shared memory, X described by a 2-D tensor map {K, m} of T, box
-//   {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n
-//   and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
+//   Geometry<BN>::kSmem bytes of dynamic shared memory, X in lane order (below) described by a 2-D tensor
+//   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
+//   prefill.cu builds it). Rows >= n and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
 //   traps.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
 //   next expert's X rows: those columns are computed and never written.
-//   Lane order (kLaneX, on in grouped mode): X rows are k_pad long and in lane order
-//   (layout::natural_pair), which the MoE's gather and activation kernels write at no extra cost. Each
-//   lane then dequantises only its own records (own_fragments); natural order needs the quad exchange of
-//   chunk_fragments, about 2.3x the instructions per weight (see "Why" below), which is what limits
-//   token tiles of 64 and 128.
+//   X is read in lane order: rows k_pad long, 2-element pairs permuted inside each 64-K chunk (NVFP4) or
+//   128-K block (MXFP4) as layout::natural_pair says, pairs past K zero. The dense GEMM permutes X into
+//   the workspace first (kernels/lane_order.cuh); the MoE's gather and activation kernels write it so.
 //
 // Why it is shaped this way
 //   Past m ~ 32 the GEMM is compute-bound, so the tensor cores must be fed by wgmma (mma.sync reaches
@@ -36,18 +34,19 @@
 //     rows g, g+8 and k pairs 2t, 2t+8.
 //   - The prepacked record of lane t holds 16 *consecutive* K (decode_layout.h: one NVFP4 group per lane,
 //     so one scale per row per chunk), while wgmma's k16 step wants lane t to hold k {2t, 2t+1, 2t+8,
-//     2t+9} of 16 consecutive K of B. The decode kernel lets X follow the weights' K order (it builds its B
-//     fragments itself); here B is a TMA tile in natural K order, so the weights follow X instead: k16
-//     step s of a chunk covers the 16 K of quad lane s's record, and lane t reads that lane's record from
-//     shared memory (one 16-byte load, a broadcast within the quad) and keeps the words that hold its k
-//     pairs: 2t -> word t/2, pair half t%2 (pairs p0/p1, or p2/p3 for odd t); 2t+8 -> word 2 + t/2. The
-//     block scale is the source lane's, fetched with one shuffle per step. The dequantisation itself is
-//     the decode kernel's Act<T>::pair / mul2 and Scales<F, T>, unchanged (exact, see decode_gemm.cuh).
-//     Cost per lane per chunk: 4 shared loads, 4 shuffles, ~100 integer/16x2 ops, against 4 wgmma of
-//     64 x BN x 16 per warpgroup (BN = 256: ~512 tensor-core cycles): under a quarter of the issue slots.
-//   - Weight records are staged in shared memory (not loaded per lane from global as in decode) because
-//     lane t needs quad lane s's record: one cp.async.bulk per row tile and stage (1 KB, contiguous in the
-//     prepacked layout) is also the cheapest way to move them. Scale records (one per row tile and 512 K)
+//     2t+9} of the step's 16 K of B. The decode kernel lets X follow the weights' K order (it builds its B
+//     fragments itself from a small X); B here is a TMA tile, so X arrives already permuted ("lane order":
+//     step s of a chunk covers K = lane_kbase(t) + 4s + {0..3} of every quad lane t, k = 8h + 2t + e for
+//     K offset 2h + e) and lane t dequantises its own record's word s for step s, exactly the decode
+//     kernel's pair mapping (Act<T>::pair / mul2, Scales<F, T>; exact, see decode_gemm.cuh). Cost per
+//     lane per chunk: 1 shared load, ~60 integer/16x2 ops, against 4 wgmma of 64 x BN x 16 per
+//     warpgroup. With X in natural order instead each lane took quad lane s's record for step s (a
+//     broadcast load, a shuffle for the scale, and selects of words and pairs per step): ~2.3x the
+//     instructions per weight, measured 3-9% slower at m >= 1024 including the permutation pass, which
+//     costs 2 m k_pad bytes of traffic (docs/prefill-notes.md).
+//   - Weight records are staged in shared memory (not loaded per lane from global as in decode): one
+//     cp.async.bulk per row tile and stage (1 KB, contiguous in the prepacked layout) is the cheapest way
+//     to move them and keeps them off the consumers' issue slots. Scale records (one per row tile and 512 K)
 //     are loaded by the consumers from global one K slice ahead, as in decode: too small to stage.
 //   - Warp specialisation: one producer warp (in a third warpgroup, so setmaxnreg can give its registers to
 //     the consumers: 2 x 232 + 40 = 3 x 168) fills an S-stage ring (stage = 128 K: X 2 x BN x 128 B, two
@@ -59,9 +58,9 @@
 //   - 128 K per stage because MXFP4 lanes interleave two chunks over 128 K (lane_kbase): a stage then
 //     always holds both chunks of a lane's group. NVFP4 with an odd chunk count has a last stage of one
 //     chunk: its second chunk's fragments are zero (through the scale) against a zero-filled X half.
-//   - Tails: TMA zero-fills X past K and past m (so padded K meets zero X: never NaN * 0), prepack zero-pads
-//     the weights past K and N; row tiles past the matrix are not loaded (their garbage A rows only reach
-//     accumulator rows that are never written).
+//   - Tails: TMA zero-fills X past k_pad and past m, and lane order zero-fills K .. k_pad (so padded K
+//     meets zero X: never NaN * 0), prepack zero-pads the weights past K and N; row tiles past the matrix
+//     are not loaded (their garbage A rows only reach accumulator rows that are never written).
 #pragma once
 #include <cuda.h>  // CUtensorMap (the type only; nothing is linked from the driver here)
 
@@ -308,34 +307,10 @@ FP4KIT_WGMMA(__half, "f16", 256)
 #undef FP4KIT_WGMMA_TAIL256
 #undef FP4KIT_WGMMA_PRED256
 
-// The A fragments of one chunk (four k16 steps) for this lane, from the warp's 512-byte record block in
-// shared memory (`recs`: lane L's record at recs + 16 L). own_scale = Scales::get of this lane's own K
-// slice; step s takes quad lane s's record and scale (see the header comment).
-template <Format F, typename T>
-__device__ __forceinline__ void chunk_fragments(uint32_t (&a)[4][4], uint32_t recs, uint32_t own_scale, int lane) {
-  const int quad = lane & ~3, t = lane & 3;
-  const bool odd = (t & 1) != 0, upper = (t & 2) != 0;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint4 v = lds128(recs + (quad + s) * 16);
-    const uint32_t wa = upper ? v.y : v.x;  // k 2t, 2t+1   = K offsets 2t, 2t+1 of lane s's slice
-    const uint32_t wb = upper ? v.w : v.z;  // k 2t+8, 2t+9 = K offsets 2t+8, 2t+9
-    const uint32_t s2 = __shfl_sync(0xFFFFFFFFu, own_scale, quad + s);
-    const uint32_t s_lo = dup_lo(s2), s_hi = dup_hi(s2);
-    const uint32_t ga = odd ? Act<T>::template pair<2>(wa) : Act<T>::template pair<0>(wa);  // row g
-    const uint32_t ha = odd ? Act<T>::template pair<3>(wa) : Act<T>::template pair<1>(wa);  // row g+8
-    const uint32_t gb = odd ? Act<T>::template pair<2>(wb) : Act<T>::template pair<0>(wb);
-    const uint32_t hb = odd ? Act<T>::template pair<3>(wb) : Act<T>::template pair<1>(wb);
-    a[s][0] = Act<T>::mul2(ga, s_lo);  // a0a1: row g,   k 2t, 2t+1
-    a[s][1] = Act<T>::mul2(ha, s_hi);  // a2a3: row g+8, k 2t, 2t+1
-    a[s][2] = Act<T>::mul2(gb, s_lo);  // a4a5: row g,   k 2t+8, 2t+9
-    a[s][3] = Act<T>::mul2(hb, s_hi);  // a6a7: row g+8, k 2t+8, 2t+9
-  }
-}
-
-// The same fragments when X is in lane order (layout::natural_pair): step s is this lane's own record word
-// s, no shuffles, no selects (the decode kernel's mapping: p0/p1 are rows g/g+8 at k 2t, 2t+1, p2/p3 at
-// k 2t+8, 2t+9), at under half the instructions of chunk_fragments.
+// The A fragments of one chunk (four k16 steps) for this lane, X being in lane order (layout::natural_pair):
+// step s is this lane's own record word s (`recs`: the warp's 512-byte record block, lane L's record at
+// recs + 16 L), with the decode kernel's mapping: p0/p1 are rows g/g+8 at k 2t, 2t+1, p2/p3 at k 2t+8,
+// 2t+9. own_scale: Scales::get of this lane's K slice.
 template <Format F, typename T>
 __device__ __forceinline__ void own_fragments(uint32_t (&a)[4][4], uint32_t recs, uint32_t own_scale, int lane) {
   const uint4 v = lds128(recs + lane * 16);
@@ -380,7 +355,7 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
-template <Format F, typename T, int BN, bool kGrouped = false, bool kLaneX = kGrouped>
+template <Format F, typename T, int BN, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -479,17 +454,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
         const bool have = kStageChunks * s + i < p.k_chunks;
         uint32_t a[4][4];
-        if constexpr (kLaneX) own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
-        else chunk_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
         fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
         fence_acc(acc);
         wgmma_fence();  // A registers and accumulators were written by this thread
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          // K offset of step ks in this stage: in lane order chunk i is half i, step ks its 16 K at 16 ks;
-          // in natural order quad lane ks's slice of chunk i: NVFP4 64 i + 16 ks, MXFP4 32 ks + 16 i.
-          const int koff = kLaneX ? 64 * i + 16 * ks : int(layout::lane_kbase(F, i, ks));
-          const uint32_t off = (koff >> 6) * G::kXHalf + (koff & 63) * 2;
+          // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
+          const uint32_t off = i * G::kXHalf + ks * 32;
           Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
         }
         wgmma_commit();

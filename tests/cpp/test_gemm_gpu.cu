@@ -414,6 +414,25 @@ TEST(gemm_prefill_off_tile_large) {
   }
 }
 
+// Prefill in several passes (X into lane order through a workspace of at most lane_x_pass_bytes, lowered
+// here): m = 1000 in 4 passes of 256 tokens with p64 (whole K), and in 2 passes of 512 with split K, the
+// last pass shorter; the counters come back zeroed between the passes (check_case).
+TEST(gemm_prefill_passes) {
+  if (configs_of(true).empty()) {
+    CHECK(device_major() != 9);
+    return;
+  }
+  const int64_t saved = detail::lane_x_pass_bytes;
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t k = f == Format::kNVFP4 ? 1040 : 1056, k_pad = f == Format::kNVFP4 ? 1088 : 1152;
+    detail::lane_x_pass_bytes = 300 * k_pad * 2;  // room for 300 rows: 4 passes of 256 tokens (p64)
+    check_case(f, 1000, 272, k, true, config_id("p64_w8_s8"), true);
+    detail::lane_x_pass_bytes = 600 * k_pad * 2;  // room for 600 rows: 512 + 488 tokens (p128, split K)
+    check_case(f, 1000, 272 + 16, k, false, config_id("p128_w8_s5_k8"), false);
+  }
+  detail::lane_x_pass_bytes = saved;
+}
+
 // One real shape, Llama-70B o_proj 8192 x 8192 (sampled tokens): dispatch's pick at m = 256 (split K on
 // an H200) and a whole-K config.
 TEST(gemm_prefill_real_shape) {
