@@ -1,14 +1,17 @@
 // moe.cu: the fused Mixture-of-Experts layer (fp4kit/moe.h).
 //
-// Contract: see fp4kit/moe.h. Decode path: one pass per 64 tokens, five launches per pass, all
-// stream-ordered and sized on the host from shapes only (CUDA-graph safe):
-//   1. align      one CTA: counts per expert, sorted-row offsets, the active-expert list, for every
-//                 (token, slot) pair its sorted row, and for every sorted row its token. Rows of one expert
-//                 are in arrival order (atomics): the order does not change any value, since every row of
-//                 a GEMM is computed independently and the final sum runs over slots in slot order.
+// Contract: see fp4kit/moe.h. Decode path: one pass per kMoEDecodePassTokens tokens (BF16 experts: 64),
+// five launches per pass, all stream-ordered and sized on the host from shapes only (CUDA-graph safe):
+//   1. align      one CTA: counts per expert, sorted-row offsets, the schedule's entries (FP4: each
+//                 expert's rows in blocks of the grouped kernel's token tiles, sized on the host for the
+//                 pass's mean rows per expert; BF16: one per expert), for every (token, slot) pair its
+//                 sorted row, and for every sorted row its token. Rows of one expert are in arrival order
+//                 (atomics): the order does not change any value, since every row of a GEMM is computed
+//                 independently and the final sum runs over slots in slot order.
 //   2. gate_up    FP4 experts: the decode kernel in grouped mode (decode_gemm.cuh): stream-K over the
-//                 active experts' (row group, K slice) units only, read from the device, so every SM
-//                 streams and each touched expert's weights are read once. BF16 experts: the grouped
+//                 entries' (row group, K slice) units only, read from the device, so every SM streams and
+//                 each touched expert's weights are read once per entry (once for all but the experts
+//                 far above the mean). BF16 experts: the grouped
 //                 BF16 GEMV (moe_bf16_gemm.cuh), one warp per 16-row tile over the whole K, tiles of the
 //                 active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
 //   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out;
@@ -48,7 +51,7 @@
 namespace fp4kit {
 namespace {
 
-constexpr int kPassTokens = 64;   // tokens per pass: the grouped kernels serve m <= 64 per expert
+constexpr int kPassTokens = 64;   // BF16 experts' tokens per pass: their GEMV serves m <= 64 per expert
 constexpr int kAlignThreads = 1024;
 
 using kernels::GroupedSchedule;
@@ -56,19 +59,32 @@ using detail::check_shape;
 using detail::str;
 
 // ---- 1. align --------------------------------------------------------------------------------------
-// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E] | cursor[E] | tile_offset[E+1]
-// | row_of_pair[P] | token_of_row[P].
+// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E+P] | block_row[E+P] |
+// cursor[E] | tile_offset[E+1] | row_of_pair[P] | token_of_row[P].
 struct AlignBufs {
-  int* n_active;
+  int* n_active;     // entries of the grouped decode schedule (kernels::GroupedSchedule)
   int* offset;
-  int* active;
+  int* active;       // expert of each entry
+  int* block_row;    // first sorted row of each entry
   int* cursor;
   int* tile_offset;  // tensor-core path: first token tile of each expert (tiles of tile_bn rows)
   int* row_of_pair;
   int* token_of_row;
 };
 constexpr size_t align_ints(int experts, int pairs) {
-  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts) + 2 * size_t(pairs);
+  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts + pairs) + size_t(experts) + 2 * size_t(pairs);
+}
+AlignBufs align_bufs(int* ints, int experts, int pairs) {
+  AlignBufs b;
+  b.n_active = ints;
+  b.offset = b.n_active + 1;
+  b.active = b.offset + experts + 1;
+  b.block_row = b.active + experts + pairs;
+  b.cursor = b.block_row + experts + pairs;
+  b.tile_offset = b.cursor + experts;
+  b.row_of_pair = b.tile_offset + experts + 1;
+  b.token_of_row = b.row_of_pair + pairs;
+  return b;
 }
 
 // A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
@@ -81,9 +97,11 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
   return true;
 }
 
+// block_rows > 0: every expert's rows in entries of at most block_rows (the grouped decode kernel's token
+// tiles); 0: one entry per expert.
 __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
-                                                                   int tile_bn, AlignBufs b, int* counters,
-                                                                   int n_counters) {
+                                                                   int tile_bn, int block_rows, AlignBufs b,
+                                                                   int* counters, int n_counters) {
   extern __shared__ int s_count[];  // [experts]
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();  // the ids and the workspace: written by earlier kernels
@@ -106,7 +124,10 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
       b.tile_offset[e] = tiles;
       run += s_count[e];
       if (tile_bn > 0) tiles += (s_count[e] + tile_bn - 1) / tile_bn;
-      if (s_count[e] > 0) b.active[n++] = e;
+      for (int r = 0; r < s_count[e]; r += block_rows > 0 ? block_rows : s_count[e]) {
+        b.active[n] = e;
+        b.block_row[n++] = b.offset[e] + r;
+      }
     }
     b.offset[experts] = run;
     b.tile_offset[experts] = tiles;
@@ -257,6 +278,13 @@ int n_tiles_for(int64_t tokens) {
   return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
 }
 
+// FP4 experts on the decode path: token tiles covering a typical expert's rows of a pass, the mean plus
+// two standard deviations of uniform routing (experts with more rows take more schedule entries).
+int fp4_decode_n_tiles(int pairs, int max_active) {
+  const double mean = double(pairs) / max_active, need = mean + 2.0 * std::sqrt(mean) + 1.0;
+  return need <= 8 ? 1 : need <= 16 ? 2 : need <= 32 ? 4 : 8;
+}
+
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
 // One grouped GEMM's launch: the dense plan of its config (layout, row groups, shared memory), the grouped
@@ -325,7 +353,9 @@ struct MoEPlan {
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
-  int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : kPassTokens; }
+  int block_rows = 0;      // FP4 decode path: rows per schedule entry (the grouped kernel's token tiles)
+  int max_entries = 0;     // schedule entries a pass can need
+  int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kPassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
@@ -350,11 +380,12 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc) {
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
   FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc));
+  p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
+  p.max_entries = p.max_active;
   const int n_tiles = n_tiles_for(a.tokens);
-  p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
   p.pdl = detail::pdl_enabled_here();
   if (p.tc) {
     // Token tile (unless a.token_tile says): 256 rows where an expert has >= 384 of the pass on average,
@@ -373,8 +404,11 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
     p.sms = p.bgu.sms;
   } else {
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_active, n_tiles, &p.gu));
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_active, n_tiles, &p.dn));
+    const int nt = fp4_decode_n_tiles(p.pairs, p.max_active);
+    p.block_rows = 8 * nt;
+    p.max_entries = p.max_active + p.pairs / p.block_rows;  // each extra entry holds block_rows rows
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_entries, nt, &p.gu));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, &p.dn));
     p.sms = p.gu.sms;
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
@@ -395,7 +429,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.counters_off = off;
   if (!p.bf16 && !p.tc) {  // the BF16 GEMV and the grouped prefill GEMM have no split-K
     p.counters_bytes =
-        align256(size_t(p.max_active) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
+        align256(size_t(p.max_entries) * std::max(p.gu.dense.row_groups, p.dn.dense.row_groups) * sizeof(int));
   }
   off += p.counters_bytes;
   p.partials_off = off;
@@ -536,15 +570,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   FP4KIT_RETURN_IF_ERROR(validate(a, &plan));
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const int E = a.num_experts;
-  int* ints = reinterpret_cast<int*>(ws + plan.ints_off);
-  AlignBufs b;
-  b.n_active = ints;
-  b.offset = ints + 1;
-  b.active = b.offset + E + 1;
-  b.cursor = b.active + E;
-  b.tile_offset = b.cursor + E;
-  b.row_of_pair = b.tile_offset + E + 1;
-  b.token_of_row = b.row_of_pair + plan.pairs;
+  const AlignBufs b = align_bufs(reinterpret_cast<int*>(ws + plan.ints_off), E, plan.pairs);
   void* h = ws + plan.h_off;  // intermediates of the activation dtype
   void* act = ws + plan.a_off;
   void* o = ws + plan.o_off;
@@ -563,6 +589,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     GroupedSchedule& s = p.grouped;
     s.n_active = b.n_active;
     s.active = b.active;
+    s.block_row = b.block_row;
+    s.block_rows = plan.block_rows;
     s.offset = b.offset;
     s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
     p.pdl = plan.pdl;
@@ -642,7 +670,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl,
-                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, b, counters,
+                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, plan.block_rows,
+                          b, counters,
                           int(plan.counters_bytes / sizeof(int)));
     if (plan.tc) {
       // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until

@@ -12,8 +12,8 @@
 // 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
 // graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
 // TFLOP/s = 2 T top_k (H 2I + I H) / time (the layer's useful flops), against ~790 TFLOP/s (an H200's BF16
-// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes (64 tokens on the decode path, 4096
-// on the tensor-core path; fp4kit/moe.h), each pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
+// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes (256 tokens on the FP4 decode path, 64 for
+// BF16 experts, 4096 on the tensor-core path; fp4kit/moe.h), each pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
 // from memory, up to L2 hits), touched_bytes once per call (what a single pass over all T would read).
 // The bytes a call must read are its touched experts' prepacked bytes (counted per routing, averaged over
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
@@ -100,8 +100,9 @@ struct Row {
   bool tc;                  // the tensor-core path ran
 };
 
-constexpr int kPassTokens = 64;       // the decode path's tokens per pass (fp4kit/moe.h)
-int64_t pass_tokens_of(bool tc) { return tc ? kMoETensorCorePassTokens : kPassTokens; }
+constexpr int kShortT = 64;           // T up to this: the decode-sized timing method (one graph of all routings)
+// Tokens per pass of fused_moe (fp4kit/moe.h): tensor-core path, FP4 decode path, BF16 experts.
+int64_t pass_tokens_of(bool tc, bool bf16) { return tc ? kMoETensorCorePassTokens : bf16 ? 64 : kMoEDecodePassTokens; }
 constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
 // FP16 runs: MXFP4 block scales 2^-6 lower (E8M0 2^-13 .. 2^-6; the BF16 runs keep 2^-7 .. 2^0), so that the
@@ -223,7 +224,7 @@ int main(int argc, char** argv) {
         MoEPath taken = MoEPath::kDecode;
         CKS(moe_path(a, &taken));
         const bool tc = taken == MoEPath::kTensorCore;
-        const int64_t pass_tokens = pass_tokens_of(tc);
+        const int64_t pass_tokens = pass_tokens_of(tc, bf16);
         // Routings and their touched experts (per call, and per pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
         std::vector<double> touched_of(kRoutings, 0.0), pass_experts_of(kRoutings, 0.0);
@@ -282,7 +283,7 @@ int main(int argc, char** argv) {
         // T <= 64 (one pass): the decode method, unchanged (a graph of all R routings, --replays replays).
         // Larger T: measure() sizes the graph and the replays to the call's length (see the header).
         Measured m;
-        if (T <= kPassTokens) {
+        if (T <= kShortT) {
           m.calls = kRoutings;
           m.replays = replays;
           m.us = graph_time_us(stream, kRoutings, replays, call);
@@ -347,7 +348,7 @@ int main(int argc, char** argv) {
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
        << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\"" << ", \"token_tile\": " << tile
-       << ", \"passes\": " << (r.T + pass_tokens_of(r.tc) - 1) / pass_tokens_of(r.tc) << ", \"streamed_bytes\": " << r.streamed
+       << ", \"passes\": " << (r.T + pass_tokens_of(r.tc, r.format == "bf16") - 1) / pass_tokens_of(r.tc, r.format == "bf16") << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
        << ", \"replays\": " << r.replays;
@@ -365,7 +366,7 @@ int main(int argc, char** argv) {
                  "  \"method\": \"CUDA graph of %d calls with different random routings, median of %d replays "
                  "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
-                 "streamed bytes = the same per pass (64 tokens on the decode path, 4096 on the tensor-core path: see each row's path), summed over the passes; "
+                 "streamed bytes = the same per pass (256 tokens on the FP4 decode path, 64 for BF16 experts, 4096 on the tensor-core path: see each row's path and passes), summed over the passes; "
                  "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
                  "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,

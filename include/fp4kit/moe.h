@@ -38,8 +38,9 @@
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
 //   - Two paths for FP4 experts (MoEArgs::path; kAuto picks by token count, see kMoETensorCoreMinTokens):
-//       decode:      the grouped decode GEMM (mma.sync), passes of up to 64 tokens, each streaming the
-//                    experts its tokens touch once; for small T (bandwidth-bound).
+//       decode:      the grouped decode GEMM (mma.sync), passes of up to kMoEDecodePassTokens tokens,
+//                    each streaming the experts its tokens touch once (an expert with many more rows than
+//                    the average of the pass once per block of them); for small T (bandwidth-bound).
 //       tensor core: Hopper (sm_90a) only: the tokens' rows are gathered per expert and both projections
 //                    run through the grouped prefill GEMM (wgmma), passes of up to kMoETensorCorePassTokens
 //                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
@@ -90,6 +91,7 @@ enum class MoEPath : int {
   kTensorCore = 2,  // the grouped wgmma GEMM (FP4 experts, sm_90a)
 };
 constexpr int64_t kMoETensorCoreMinTokens = 128;
+constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path (BF16 experts: 64)
 constexpr int64_t kMoETensorCorePassTokens = 4096;
 
 struct MoEArgs {

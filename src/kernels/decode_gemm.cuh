@@ -70,12 +70,17 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
 
 // Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
 // to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
-// the row-group space is (active expert a, row group) and stream-K runs over n_active * row_groups *
-// k_units units, read from device memory at kernel start. Experts nobody routed to are not read.
+// the row-group space is (entry a, row group) and stream-K runs over n_active * row_groups * k_units
+// units, read from device memory at kernel start. An entry is an expert and a block of at most
+// block_rows of its rows (one entry per expert when block_rows is 0): the kernel's token tiles need only
+// cover a typical expert's rows, and an expert with more takes several entries, each streaming its
+// weights. Experts nobody routed to are not read.
 struct GroupedSchedule {
-  const int* n_active;      // [1] number of active experts
-  const int* active;        // [E] active expert ids (any order)
+  const int* n_active;      // [1] number of entries
+  const int* active;        // [entries] expert of each entry (any order)
+  const int* block_row;     // [entries] first sorted row of each entry
   const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
+  int block_rows;           // rows per entry at most (0: all of the expert's)
   ExpertStack experts;
 };
 
@@ -465,10 +470,10 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
   lrg = rg;
   if constexpr (kGrouped) {
     const GroupedSchedule& gs = p.grouped;
-    const int e = gs.active[rg / p.row_groups];
+    const int a = rg / p.row_groups, e = gs.active[a];
     lrg = rg % p.row_groups;
-    const int r0 = gs.offset[e];
-    q.m = gs.offset[e + 1] - r0;
+    const int r0 = gs.block_row[a], rows = gs.offset[e + 1] - r0;
+    q.m = gs.block_rows > 0 ? min(gs.block_rows, rows) : rows;
     q.weights = reinterpret_cast<const uint4*>(gs.experts.weights(e));
     q.scales = gs.experts.scales(e);
     q.out_scale = gs.experts.out_scale(e);

@@ -5,8 +5,9 @@
 //
 // Fresh random data each run (seed printed), NaN-poisoned outputs, shapes off every tile, both FP4 formats
 // and BF16 experts (plain row-major [n, k], tight and padded expert strides), both activations and
-// gate/up layouts, biases, skewed and single-expert routing, experts with no tokens, T = 1 .. 100 (more
-// than one 64-token pass), top-k 1 .. 8, bad and duplicate ids (NaN rows), determinism, and the
+// gate/up layouts, biases, skewed and single-expert routing, experts with no tokens, T = 1 .. 100 (BF16
+// experts: more than one 64-token pass), T = 300 on the FP4 decode path (two passes, experts split into
+// several schedule entries), top-k 1 .. 8, bad and duplicate ids (NaN rows), determinism, and the
 // validator's messages. FP16 activations (FP4 experts): both formats and activations, biases, T = 1 .. 100,
 // the gpt-oss shape, and gate/up values past the FP16 range (saturation), against the dense FP16 GEMM
 // tests' gate (rel-L2 < 2e-3, cosine > 0.999). The tensor-core path (sm_90a; skipped with the reason
@@ -370,6 +371,22 @@ TEST(moe_matches_reference) {
         c.routing = T == 37 ? Case::kSkewed : T == 5 ? Case::kOneExpert : Case::kRandom;
         check_case(c);
       }
+  // The decode path forced past one pass (kMoEDecodePassTokens): 300 tokens in two passes, skewed and
+  // all-on-k-experts routing, so that experts with many more rows than the mean take several schedule
+  // entries (blocks of the kernel's token tiles).
+  for (Format f : {Format::kMXFP4, Format::kNVFP4})
+    for (Case::Routing r : {Case::kSkewed, Case::kOneExpert}) {
+      Case c;
+      c.f = f;
+      c.path = MoEPath::kDecode;
+      c.T = kMoEDecodePassTokens + 44;
+      c.top_k = 4;
+      c.E = 24;
+      c.routing = r;
+      c.bias = r == Case::kSkewed;
+      check_case(c);
+      if (quick()) break;
+    }
 }
 
 // BF16 experts: H = 168 and I = 104 leave a partial 16-row tile (down, n = H) and a partial 32-wide K
