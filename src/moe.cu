@@ -373,7 +373,12 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc) {
     *tc = true;
     return Status::Ok();
   }
-  *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && detail::prefill_runs_here();
+  // kAuto: the decode path while one pass holds the tokens and the experts' mean rows stay within the
+  // decode kernel's narrower token tiles (fp4kit/moe.h).
+  const int64_t pairs = std::min(a.tokens, kMoEDecodePassTokens) * a.top_k;
+  const int64_t mean_rows = pairs / std::min<int64_t>(a.num_experts, pairs);
+  const bool wide = a.tokens > kMoEDecodePassTokens || mean_rows > kMoEDecodeMaxMeanRows;
+  *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide && detail::prefill_runs_here();
   return Status::Ok();
 }
 

@@ -37,7 +37,8 @@
 //     synchronisation: that token's output row is NaN (every other token is computed normally).
 //   - Experts nobody routed to are not read. Work is spread over all SMs for whatever routing arrives
 //     (the schedule is built on the device), so the call is CUDA-graph safe: no allocation, no host sync.
-//   - Two paths for FP4 experts (MoEArgs::path; kAuto picks by token count, see kMoETensorCoreMinTokens):
+//   - Two paths for FP4 experts (MoEArgs::path; kAuto picks by token count and rows per expert, see
+//     kMoETensorCoreMinTokens):
 //       decode:      the grouped decode GEMM (mma.sync), passes of up to kMoEDecodePassTokens tokens,
 //                    each streaming the experts its tokens touch once (an expert with many more rows than
 //                    the average of the pass once per block of them); for small T (bandwidth-bound).
@@ -86,12 +87,15 @@ struct ExpertWeights {
 };
 
 enum class MoEPath : int {
-  kAuto = 0,        // tensor core from kMoETensorCoreMinTokens tokens on, where the device runs it
+  kAuto = 0,        // tensor core where the device runs it and T >= kMoETensorCoreMinTokens, and either
+                    // T > kMoEDecodePassTokens or the mean rows per routed expert of a pass (T top_k /
+                    // min(E, T top_k)) exceed kMoEDecodeMaxMeanRows; else decode
   kDecode = 1,      // the grouped decode GEMM (any device)
   kTensorCore = 2,  // the grouped wgmma GEMM (FP4 experts, sm_90a)
 };
-constexpr int64_t kMoETensorCoreMinTokens = 128;
+constexpr int64_t kMoETensorCoreMinTokens = 64;
 constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path (BF16 experts: 64)
+constexpr int64_t kMoEDecodeMaxMeanRows = 24;
 constexpr int64_t kMoETensorCorePassTokens = 4096;
 
 struct MoEArgs {

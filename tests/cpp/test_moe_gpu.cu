@@ -12,7 +12,7 @@
 // the gpt-oss shape, and gate/up values past the FP16 range (saturation), against the dense FP16 GEMM
 // tests' gate (rel-L2 < 2e-3, cosine > 0.999). The tensor-core path (sm_90a; skipped with the reason
 // elsewhere): forced at T = 1 .. 4100 (two 4096-token passes), top-k 1 .. 8, skewed and one-expert
-// routing, FP16, the gpt-oss shape, and chosen automatically past kMoETensorCoreMinTokens with bad ids.
+// routing, FP16, the gpt-oss shape, and chosen automatically past kMoEDecodePassTokens with bad ids.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -579,11 +579,36 @@ TEST(moe_tensor_core_matches_reference) {
     }
 }
 
-// Automatic choice past kMoETensorCoreMinTokens (the tensor-core path here), with bad and duplicate ids.
+// kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
+// the mean rows per expert stay <= kMoEDecodeMaxMeanRows; BF16 experts always decode.
+TEST(moe_auto_path_rule) {
+  if (!tensor_core_path_here("moe_auto_path_rule")) return;
+  struct P { int64_t T; int E, k; bool bf16; MoEPath want; };
+  const std::vector<P> cases = {
+      {1, 128, 4, false, MoEPath::kDecode},      {63, 4, 2, false, MoEPath::kDecode},  // below kMoETensorCoreMinTokens
+      {256, 128, 4, false, MoEPath::kDecode},    // gpt-oss: one pass, 8 rows per expert
+      {257, 128, 4, false, MoEPath::kTensorCore},  // two passes
+      {64, 8, 2, false, MoEPath::kDecode},       // 16 rows per expert
+      {128, 8, 2, false, MoEPath::kTensorCore},  // 32 rows per expert
+      {4096, 8, 2, true, MoEPath::kDecode}};
+  for (const P& c : cases) {
+    MoEArgs a = small_shapes();
+    a.tokens = c.T;
+    a.num_experts = c.E;
+    a.top_k = c.k;
+    if (c.bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
+    MoEPath got = MoEPath::kAuto;
+    CHECK_OK(moe_path(a, &got));
+    CHECK_MSG(got == c.want, "T=" << c.T << " E=" << c.E << " top_k=" << c.k << (c.bf16 ? " bf16" : " fp4") << ": path "
+                                  << int(got) << ", expected " << int(c.want));
+  }
+}
+
+// Automatic choice past kMoEDecodePassTokens (the tensor-core path here), with bad and duplicate ids.
 TEST(moe_tensor_core_bad_ids_give_nan_rows) {
   if (!tensor_core_path_here("moe_tensor_core_bad_ids_give_nan_rows")) return;
   Case c;
-  c.T = kMoETensorCoreMinTokens + 3;
+  c.T = kMoEDecodePassTokens + 3;
   c.top_k = 2;
   c.E = 8;
   c.routing = Case::kOneExpert;  // slot 0 = 0, slot 1 = 1

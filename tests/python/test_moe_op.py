@@ -451,9 +451,10 @@ def test_cuda_float16_matches_reference(fmt, activation, layout, bias):
                                        ("mxfp4", 64, 224, 160), ("bf16", 16, 168, 104), ("bf16", 64, 224, 160)])
 def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
     layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
-    # 100: two passes of 64 tokens; 200: past kMoETensorCoreMinTokens = 128 (fp4kit/moe.h: FP4 experts take the
-    # tensor-core path on Hopper)
-    for t in (1, 5, 37, 64, 100, 200):
+    # 100: two passes of 64 tokens for BF16 experts; 200: FP4 experts on the tensor-core path on Hopper where
+    # the mean rows per expert exceed kMoEDecodeMaxMeanRows = 24, else one decode pass; 300: past
+    # kMoEDecodePassTokens = 256, the tensor-core path for FP4 experts on Hopper (fp4kit/moe.h)
+    for t in (1, 5, 37, 64, 100, 200, 300):
         for k in (1, 2, 4, 8):
             x, ids, wts = _inputs(t, e, k, h, seed=1000 * t + k, device="cuda")
             _check_gpu(layer, x, ids, wts)
