@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(smem_u32(&full_bar[s]), 1);                        // producer's arrive + bytes
-      mbar_init(smem_u32(&empty_bar[s]), 4 * kConsumerWarpgroups);  // one arrive per consumer warp
+      mbar_init(smem_u32(&empty_bar[s]), kConsumerThreads);          // every consumer thread arrives
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -469,8 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
         if (i == 0 && r > 0) {
           // That group was stage s-1's last: hand its slot back to the producer.
-          __syncwarp();
-          if (lane == 0) mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+          // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
+          // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
+          // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
+          mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
         }
       }
     }
