@@ -112,15 +112,14 @@ static_assert(units_valid(), "kKernelConfigs: unit_chunks must be a multiple of 
 const KernelConfig* kernel_configs(int* count);
 const KernelConfig* find_config(int id);
 
-// The m from which the analytic default runs the prefill kernel on a cc 9.x device: m >= 65. Below it
-// the decode kernel serves m in one launch of up to 64 tokens (measured at 2659b02, Llama-70B layers:
-// 1.1-1.5x cuBLAS BF16 at m = 32, 0.82-1.07x at m = 64). Past 64 tokens the decode kernel runs one
-// launch per 64 tokens and re-reads the weights each time (m = 65 costs twice m = 64), so the prefill
-// kernel wins from m = 65 on. At m = 64 prefill_cost (fitted at b7022e8; split K not measured yet)
-// estimates 33 / 51 / 110 / 248 us for o / qkv / down / gate_up against the decode kernel's measured
-// 44 / 50 / 114 / 211: a win on o only, so the threshold stays above 64 until
-// fp4kit-bench --suite llama70b-prefill --config all has measured the crossover.
-inline constexpr int64_t kPrefillMinM = 65;
+// The m from which the analytic default runs the prefill kernel on a cc 9.x device: m >= 33. Measured at
+// 89822ce (bench/results/prefill_llama70b.json, Llama-3.3-70B, both formats): at m = 64 the prefill
+// kernel (X in lane order, p64 entries) beats the decode kernel's default on every layer, 17-40% (qkv 43
+// vs 52 us, o 28 vs 45, gate_up 160-172 vs 221-231, down 76-77 vs 124-129); at m = 32 the two are
+// within -10% .. +12% of each other (the decode kernel ahead on qkv and gate_up). m = 33 .. 64 runs
+// the decode kernel's 64-token entry, as slow as m = 64, so the prefill kernel takes over above 32.
+// Past 64 tokens the decode kernel would also re-read the weights once per 64-token launch.
+inline constexpr int64_t kPrefillMinM = 33;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time

@@ -466,11 +466,11 @@ TEST(gemm_prefill_deterministic) {
   }
 }
 
-// Dispatch on this device: the decode kernel up to m = 64, the prefill kernel from kPrefillMinM on a
+// Dispatch on this device: the decode kernel up to m = 32, the prefill kernel from kPrefillMinM on a
 // Hopper device (a decode config elsewhere), and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {
   const int major = device_major();
-  for (int64_t m : {int64_t(1), int64_t(64), kPrefillMinM, int64_t(256), int64_t(4096)}) {
+  for (int64_t m : {int64_t(1), int64_t(32), kPrefillMinM, int64_t(64), int64_t(256), int64_t(4096)}) {
     const detail::DecodePlan plan = plan_of(m, Format::kNVFP4, 8192, 8192, -1);
     const bool want_prefill = major == 9 && m >= kPrefillMinM;
     CHECK_MSG(plan.cfg && is_prefill(*plan.cfg) == want_prefill,

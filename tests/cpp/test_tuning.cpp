@@ -164,9 +164,9 @@ TEST(analytic_default_rule) {
 }
 
 TEST(analytic_default_prefill) {
-  // Hopper: the decode kernel up to m = 64, the prefill kernel from kPrefillMinM on; Ampere: never.
-  CHECK_EQ(kPrefillMinM, 65);
-  for (int64_t m : {1, 17, 64, 65, 128, 1000, 16384})
+  // Hopper: the decode kernel up to m = 32, the prefill kernel from kPrefillMinM on; Ampere: never.
+  CHECK_EQ(kPrefillMinM, 33);
+  for (int64_t m : {1, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
       CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM);
       CHECK(!is_prefill(*find_config(pick_config(m, n, 8192, nullptr, 8))));
@@ -174,7 +174,7 @@ TEST(analytic_default_prefill) {
     }
   std::string why;
   pick_config(256, 8192, 8192, &why);
-  CHECK(why.find("prefill kernel from m >= 65") != std::string::npos);
+  CHECK(why.find("prefill kernel from m >= 33") != std::string::npos);
   // Llama-3.3-70B layers on 132 SMs: m = 256 leaves SMs idle on the 8192- and 10240-row layers, so K is
   // split (2 and 3 ways with 256-token tiles); gate_up (448 row blocks) and every layer at m >= 512 fill
   // the device with whole-K 256-token tiles; m = 128 takes 128-token tiles.

@@ -209,7 +209,7 @@ def test_tuning_table_round_trip(tmp_path):
 
 
 def test_dispatch_config_by_compute_capability():
-    # Prefill (Hopper only) from m = 65 on cc 9.x; the decode kernel for every m on sm_80-89.
+    # Prefill (Hopper only) from m = 33 on cc 9.x; the decode kernel for every m on sm_80-89.
     assert fp4kit.dispatch_config("nvfp4", "bfloat16", 4096, 8192, 8192, "NVIDIA H200").startswith("p")
     a100 = fp4kit.dispatch_config("nvfp4", "bfloat16", 4096, 8192, 8192, "NVIDIA A100-SXM4-80GB", cc_major=8, sms=108)
     assert a100.startswith("m64_"), a100
