@@ -80,10 +80,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
-    // Half-slice stream-K units (see unit_chunks; a kernel of their own: the unit is a template
-    // parameter so that each stage's place in its slice stays a compile-time constant). Unmeasured.
-    {27, "m8_r1_w8_b3_c4x2_u4", 1, 1, 8, 3, 4, 2, kRing, 1, 4},
-    {28, "m16_r1_w8_b2_c4x2_u4", 2, 1, 8, 2, 4, 2, kRing, 1, 4},
+    // (Ids 27 and 28 were half-slice stream-K units, unit_chunks = 4: 5-21% slower than their one-slice
+    // twins on every Llama-70B layer at m = 1 and 16, bench/results/sweep_all_63d06f0_llama70b.json;
+    // removed. The kernel keeps the unit as a template parameter.)
     // Prefill (sm_90a): CTA = 128 weight rows x BN tokens, wgmma with the dequantised weights as register
     // A, X by TMA; measured at b7022e8 (whole K per CTA): 640-730 TFLOP/s on Llama-70B layers at
     // m >= 1024, ~400 at m = 256 where 64-128 CTAs leave the 132 SMs of an H200 idle. The _k8 variants
