@@ -1,7 +1,7 @@
 // fp4kit-bench-moe: the fused MoE layer (fp4kit/moe.h) on real MoE shapes, decode and prefill token counts.
 //
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
-//                    [--t 1,4,16,64,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
+//                    [--t 1,4,16,64,256,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
 //                    [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
@@ -143,7 +143,7 @@ Stack make_stack(Format f, int E, int64_t n, int64_t k, bool bias, uint32_t seed
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,512,2048,8192"},
+  std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,256,512,2048,8192"},
                                             {"formats", "mxfp4,nvfp4,bf16"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"},
                                             {"path", "auto"}, {"tile", "0"}};
