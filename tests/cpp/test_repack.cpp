@@ -1,4 +1,5 @@
-// test_repack.cpp: the prepacked layout on the CPU: every value lands where decode_layout.h says, the
+// test_repack.cpp: the prepacked layout on the CPU: every value lands where decode_layout.h says (and X's
+// lane order matches the records' K order), the
 // round trip prepack -> unpack is bit-exact (both formats, shapes off every tile), padding is zero, the
 // per-row factors follow repack.h, and bad arguments are rejected with their rule.
 #include <chrono>
@@ -45,6 +46,31 @@ TEST(bit_positions_are_a_bijection) {
       for (int t = 0; t < 4; ++t)
         for (int i = 0; i < 16; ++i) ++k[size_t(layout::lane_kbase(f, c, t) + i)];
     for (int i = 0; i < 256; ++i) CHECK_EQ(k[size_t(i)], 1);
+  }
+}
+
+// Lane order of X (the prefill kernel's K order): a permutation of the pairs inside each 64-K chunk
+// (NVFP4) or 128-K block (MXFP4), and at position 32c + 8s + 4h + t exactly the pair that word s of quad
+// lane t's record holds in its half h (pairs p0/p1 for h = 0, p2/p3 for h = 1; layout::pair_k), which
+// is what wgmma's k index 8h + 2t + e of step s meets in the kernel.
+TEST(lane_order_is_the_records_k_order) {
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int block = f == Format::kNVFP4 ? 32 : 64;  // pairs permuted among themselves
+    std::vector<int> seen(512, 0);
+    for (int q = 0; q < 512; ++q) {
+      const int64_t pn = layout::natural_pair(f, q);
+      CHECK(pn / block == q / block);
+      ++seen[size_t(pn)];
+    }
+    for (int i = 0; i < 512; ++i) CHECK_EQ(seen[size_t(i)], 1);
+    for (int c = 0; c < 16; ++c)
+      for (int s = 0; s < 4; ++s)
+        for (int h = 0; h < 2; ++h)
+          for (int t = 0; t < 4; ++t)
+            for (int e = 0; e < 2; ++e) {
+              const int64_t k_record = layout::lane_kbase(f, c, t) + layout::pair_k(s, 2 * h, e);
+              CHECK_EQ(2 * layout::natural_pair(f, 32 * c + 8 * s + 4 * h + t) + e, k_record);
+            }
   }
 }
 
