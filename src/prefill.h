@@ -16,9 +16,9 @@ namespace detail {
 // partial tiles). Fails with kNotSupported when this build carries no sm_90a code for the kernel.
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* plan);
 
-// One launch of a planned prefill GEMM over all m tokens (a validated GemmArgs and its plan): X as a TMA
-// tensor map built on the host and passed by value, so graph capture works; no allocation, no host
-// synchronisation.
+// A planned prefill GEMM over all m tokens (a validated GemmArgs and its plan): per pass of plan.pass_m
+// tokens, X into lane order in the workspace, then one launch with X as a TMA tensor map built on the
+// host and passed by value, so graph capture works; no allocation, no host synchronisation.
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream);
 
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
