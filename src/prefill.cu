@@ -171,6 +171,7 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
   p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
   p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
+  p.lane_x_grid = int(std::min<int64_t>((p.pass_m * l.k_pad / 8 + 255) / 256, int64_t(std::max(sms, 1)) * 8));
   *out = p;
   return Status::Ok();
 }
@@ -213,14 +214,13 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
-  const size_t eb = 2;  // bytes of an activation element
+  const size_t eb = size_t(dtype_bytes(a.act));
   for (int64_t t0 = 0; t0 < a.m; t0 += plan.pass_m) {
     const int64_t m = std::min(plan.pass_m, a.m - t0);
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
     // X of this pass into lane order (the kernel's K order, kernels/lane_order.cuh) in the workspace.
     void* xl = ws + plan.lane_x_offset;
-    const int blocks = int(std::min<int64_t>((m * l.k_pad / 8 + 255) / 256, 132 * 8));
-    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, blocks, stream, false);
+    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, plan.lane_x_grid, stream, false);
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
