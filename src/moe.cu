@@ -51,7 +51,6 @@
 namespace fp4kit {
 namespace {
 
-constexpr int kPassTokens = 64;   // BF16 experts' tokens per pass: their GEMV serves m <= 64 per expert
 constexpr int kAlignThreads = 1024;
 
 using kernels::GroupedSchedule;
@@ -180,12 +179,13 @@ __device__ __forceinline__ float activate(const T* hr, int i, int inter, MoEActi
   return g / (1.0f + expf(-g)) * u;
 }
 
-// a row r = act(h row r): [inter] in natural order (decode path, row_len = inter), or, for the tensor-core
-// path's down GEMM, [row_len = k_pad] in lane order (lane_format: the experts' format; pairs past inter
-// zero). One pair of outputs per thread and step.
-template <typename T, bool kLane>
-__global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, int row_len, Format lane_format,
-                                      MoEActivation act, GateUpLayout layout, float alpha, float limit) {
+// a row r = act(h row r): [inter] in natural order (decode path, row_len = inter), or (lane) for the
+// tensor-core path's down GEMM [row_len = k_pad] in lane order (lane_format: the experts' format; pairs
+// past inter zero). One pair of outputs per thread and step.
+template <typename T>
+__global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, int row_len, bool lane,
+                                      Format lane_format, MoEActivation act, GateUpLayout layout, float alpha,
+                                      float limit) {
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();
   const int rows = *n_rows, row_pairs = row_len / 2;
@@ -193,7 +193,7 @@ __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int i
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / row_pairs;
     const int q = int(idx % row_pairs);
-    const int i = 2 * int(kLane ? layout::natural_pair(lane_format, q) : q);  // first natural element
+    const int i = 2 * int(lane ? layout::natural_pair(lane_format, q) : q);  // first natural element
     const T* hr = h + r * 2 * inter;
     T* ar = a + r * row_len + 2 * q;
 #pragma unroll
@@ -274,7 +274,7 @@ GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
   return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles) : grouped_kernel<__nv_bfloat16>(f, n_tiles);
 }
 int n_tiles_for(int64_t tokens) {
-  const int64_t t = std::min<int64_t>(tokens, kPassTokens);
+  const int64_t t = std::min<int64_t>(tokens, kMoEBF16PassTokens);
   return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
 }
 
@@ -355,7 +355,7 @@ struct MoEPlan {
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
   int block_rows = 0;      // FP4 decode path: rows per schedule entry (the grouped kernel's token tiles)
   int max_entries = 0;     // schedule entries a pass can need
-  int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kPassTokens : kMoEDecodePassTokens; }
+  int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
   size_t counters_bytes = 0;
@@ -373,11 +373,10 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc) {
     *tc = true;
     return Status::Ok();
   }
-  // kAuto: the decode path while one pass holds the tokens and the experts' mean rows stay within the
-  // decode kernel's narrower token tiles (fp4kit/moe.h).
-  const int64_t pairs = std::min(a.tokens, kMoEDecodePassTokens) * a.top_k;
-  const int64_t mean_rows = pairs / std::min<int64_t>(a.num_experts, pairs);
-  const bool wide = a.tokens > kMoEDecodePassTokens || mean_rows > kMoEDecodeMaxMeanRows;
+  // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
+  // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.
+  const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
+  const bool wide = a.tokens > kMoEDecodePassTokens || fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs)) == 8;
   *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide && detail::prefill_runs_here();
   return Status::Ok();
 }
@@ -624,19 +623,14 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   auto launch_activation = [&] {
     const int* n_rows = b.offset + E;
     const int inter = int(a.inter), len = int(plan.a_len);
-    const Format lf = a.down.format;
-    auto go = [&](auto kernel, auto* typed) {
-      using P = std::remove_pointer_t<decltype(typed)>;
-      detail::launch_kernel(kernel, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl, static_cast<const P*>(h),
-                            static_cast<P*>(act), n_rows, inter, len, lf, a.activation, a.layout, a.alpha, a.limit);
-    };
-    if (f16) {
-      if (plan.tc) go(&moe_activation_kernel<__half, true>, static_cast<__half*>(nullptr));
-      else go(&moe_activation_kernel<__half, false>, static_cast<__half*>(nullptr));
-    } else {
-      if (plan.tc) go(&moe_activation_kernel<__nv_bfloat16, true>, static_cast<__nv_bfloat16*>(nullptr));
-      else go(&moe_activation_kernel<__nv_bfloat16, false>, static_cast<__nv_bfloat16*>(nullptr));
-    }
+    if (f16)
+      detail::launch_kernel(&moe_activation_kernel<__half>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, len, plan.tc,
+                            a.down.format, a.activation, a.layout, a.alpha, a.limit);
+    else
+      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(256), 0, stream, plan.pdl,
+                            static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
+                            len, plan.tc, a.down.format, a.activation, a.layout, a.alpha, a.limit);
   };
   auto launch_combine = [&](int64_t t0, int tokens, void* y) {
     const float* w = a.topk_weights + t0 * a.top_k;

@@ -102,7 +102,9 @@ struct Row {
 
 constexpr int kShortT = 64;           // T up to this: the decode-sized timing method (one graph of all routings)
 // Tokens per pass of fused_moe (fp4kit/moe.h): tensor-core path, FP4 decode path, BF16 experts.
-int64_t pass_tokens_of(bool tc, bool bf16) { return tc ? kMoETensorCorePassTokens : bf16 ? 64 : kMoEDecodePassTokens; }
+int64_t pass_tokens_of(bool tc, bool bf16) {
+  return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens;
+}
 constexpr double kTensorPeak = 790.0; // TFLOP/s, BF16 tensor cores of an H200 (dense, measured ceiling)
 
 // FP16 runs: MXFP4 block scales 2^-6 lower (E8M0 2^-13 .. 2^-6; the BF16 runs keep 2^-7 .. 2^0), so that the

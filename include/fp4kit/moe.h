@@ -45,7 +45,7 @@
 //       tensor core: Hopper (sm_90a) only: the tokens' rows are gathered per expert and both projections
 //                    run through the grouped prefill GEMM (wgmma), passes of up to kMoETensorCorePassTokens
 //                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
-//     BF16 experts always take their grouped GEMV (passes of 64 tokens).
+//     BF16 experts always take their grouped GEMV (passes of kMoEBF16PassTokens tokens).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
 //     (the call clears what it relies on). One workspace per stream.
 #pragma once
@@ -88,14 +88,14 @@ struct ExpertWeights {
 
 enum class MoEPath : int {
   kAuto = 0,        // tensor core where the device runs it and T >= kMoETensorCoreMinTokens, and either
-                    // T > kMoEDecodePassTokens or the mean rows per routed expert of a pass (T top_k /
-                    // min(E, T top_k)) exceed kMoEDecodeMaxMeanRows; else decode
+                    // T > kMoEDecodePassTokens or the decode path would need its widest (64-row) token
+                    // tiles: experts averaging about 22 or more rows of the pass; else decode
   kDecode = 1,      // the grouped decode GEMM (any device)
   kTensorCore = 2,  // the grouped wgmma GEMM (FP4 experts, sm_90a)
 };
 constexpr int64_t kMoETensorCoreMinTokens = 64;
-constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path (BF16 experts: 64)
-constexpr int64_t kMoEDecodeMaxMeanRows = 24;
+constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
+constexpr int64_t kMoEBF16PassTokens = 64;     // BF16 experts (their GEMV serves <= 64 rows per expert)
 constexpr int64_t kMoETensorCorePassTokens = 4096;
 
 struct MoEArgs {

@@ -580,7 +580,7 @@ TEST(moe_tensor_core_matches_reference) {
 }
 
 // kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
-// the mean rows per expert stay <= kMoEDecodeMaxMeanRows; BF16 experts always decode.
+// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts always decode.
 TEST(moe_auto_path_rule) {
   if (!tensor_core_path_here("moe_auto_path_rule")) return;
   struct P { int64_t T; int E, k; bool bf16; MoEPath want; };
