@@ -142,22 +142,11 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.units = int64_t(p.row_groups) * p.k_units;
   const int64_t resident = int64_t(facts.sms) * per_sm;
   p.grid = int(std::min<int64_t>(p.units, resident));
-  if (p.units > INT32_MAX)
-    return Status::Invalid("w: n x k too large for one launch (" + str(p.units) + " stream-K units, at most 2^31 - 1)");
-  const DecodeSchedule sched = decode_schedule;
-  int head = 0;
-  if (cfg->pipeline == kRing && sched.head_percent < 100 && sched.tail_units > 0)
-    head = int(std::max<int64_t>(1, p.units * std::max(0, sched.head_percent) / (100 * int64_t(p.grid))));
-  const kernels::Partition pt = kernels::Partition::make(int(p.units), p.grid, head, sched.tail_units);
-  p.head_units = pt.head;
-  p.tail_units = pt.guided() ? pt.tail : 0;
-  p.blocks = pt.blocks;
-  // Split row groups exist only when some block does not cover whole row groups; the guided ticket
-  // follows the row groups' arrival counters.
-  const bool split = pt.guided() || p.units % p.grid != 0 || (p.units / p.grid) % p.k_units != 0;
+  // Split row groups exist only when some CTA's range does not cover whole row groups.
+  const bool split = p.units % p.grid != 0 || (p.units / p.grid) % p.k_units != 0;
   if (split) {
-    p.counters_bytes = counters_region(int64_t(p.row_groups) + 1);
-    p.partials_bytes = size_t(pt.slots()) * partial_slot_bytes(*cfg);
+    p.counters_bytes = counters_region(p.row_groups);
+    p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
   p.pdl = pdl_enabled(facts.major);
@@ -207,10 +196,6 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
   p.counters = plan.workspace_bytes ? reinterpret_cast<int*>(ws) : nullptr;
   p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
   p.pdl = plan.pdl;
-  p.head_units = plan.head_units;
-  p.tail_units = plan.tail_units;
-  p.grid = plan.grid;
-  p.blocks = plan.blocks;
 
   // m beyond one launch's tokens: consecutive launches over blocks of m_block tokens (stream-ordered, so
   // they share the workspace safely).

@@ -36,20 +36,7 @@ struct DecodePlan {
   size_t lane_x_offset = 0;
   int lane_x_grid = 0;      // prefill: CTAs of the lane-order pass (grid-stride, a few per SM)
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
-  int head_units = 0;       // ring decode: guided stream-K (kernels::Partition), head block units; 0: static
-  int tail_units = 0;       // ring decode, guided: units per tail block
-  int blocks = 0;           // decode: blocks of the stream-K partition (grid when static)
 };
-
-// The ring decode kernel's stream-K schedule (kernels::Partition): each CTA's first block is head_percent
-// of its fair share of units, the rest is handed out in blocks of tail_units to the CTAs that finish
-// first; head_percent 100 is the static cut. A variable so that the benchmark and the tests can compare
-// and force schedules.
-struct DecodeSchedule {
-  int head_percent;
-  int tail_units;
-};
-inline DecodeSchedule decode_schedule{70, 1};
 
 // Every plan's arrival counters lie in the workspace's first kCounterRegionBytes (all of them as long as
 // they number <= 16384: row groups of n <= 2M rows, prefill tiles), and its partial tiles after it: the

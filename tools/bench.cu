@@ -5,7 +5,6 @@
 //   fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m 1,2,4,...]
 //                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
 //                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off]
-//                [--schedule HEAD:TAIL,...]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
 //   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
 //   L2, so every call streams cold weights), median over N >= 100 replays, per-call time = replay / calls;
@@ -18,8 +17,6 @@
 //   where they split), and --compare (default: on for the *-prefill suites) times the other kernel's
 //   analytic default beside dispatch's pick. Every row is checked: one call at its m on the last weight
 //   copy, its first min(m, 256) tokens against cuBLAS on the dequantized weights (check_rel_l2; BF16 only).
-//   --schedule times each ring decode config under each listed stream-K schedule (head percent of the
-//   fair share, tail block units; 100:1 is the static cut; default: the library's), rows say which.
 //   JSON: {device, commit, date, l2_bytes, sms, method, rows: [...]}.
 //
 //   fp4kit-tune --out PATH [--suite ...] [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME]
@@ -155,8 +152,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", ""},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
-                                            {"tune", ""}, {"layer", ""}, {"compare", "auto"},
-                                            {"schedule", ""}};
+                                            {"tune", ""}, {"layer", ""}, {"compare", "auto"}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
   // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
@@ -179,8 +175,6 @@ int main(int argc, char** argv) {
                   "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n"
                   "                    [--compare auto|on|off]  (also time the other kernel's default; auto: on\n"
                   "                                    for the *-prefill suites)\n"
-                  "                    [--schedule HEAD:TAIL,...]  (ring decode stream-K schedules to compare,\n"
-                  "                                    e.g. 100:1,70:1; default: the library's)\n"
                   "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
@@ -230,18 +224,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fp4kit-bench: --m must list m >= 1\n");
     return 2;
   }
-  std::vector<detail::DecodeSchedule> schedules;
-  for (auto& s : split(opt["schedule"])) {
-    const size_t c = s.find(':');
-    const int head = std::atoi(s.substr(0, c).c_str()), tail = c == std::string::npos ? 1 : std::atoi(s.substr(c + 1).c_str());
-    if (head < 1 || head > 100 || tail < 1) {
-      std::fprintf(stderr, "fp4kit-bench: --schedule lists HEAD:TAIL with 1 <= HEAD <= 100 and TAIL >= 1 (got '%s')\n",
-                   s.c_str());
-      return 2;
-    }
-    schedules.push_back({head, tail});
-  }
-  if (schedules.empty()) schedules.push_back(detail::decode_schedule);
   const int sms = prop.multiProcessorCount;
   auto shapes = suite(opt["suite"]);
   if (!shapes.empty() && !opt["layer"].empty()) {
@@ -397,10 +379,8 @@ int main(int argc, char** argv) {
       int best_cfg = picked;
       double best_us = 1e30;
       const Measured& cb = cublas[m];
-      for (int cfg : cfgs)
-      for (size_t si = 0; si < (find_config(cfg)->pipeline == kRing ? schedules.size() : 1); ++si) {
+      for (int cfg : cfgs) {
         const KernelConfig& kc = *find_config(cfg);
-        detail::decode_schedule = schedules[si];
         detail::DecodePlan plan;
         CKS(detail::make_plan(m, PackedWeight{f, n, k, wp[0]}, act, cfg, &plan));
         size_t wsb = 0;
@@ -430,16 +410,14 @@ int main(int argc, char** argv) {
         std::string cfgname = kc.name;
         std::printf("%-18s %-8s %-6s %5lld %9.1f %9.1f %9.1f %7.2fx %8.2f %6.0f%% %8.1f %7.4f %s%s\n", sh.model.c_str(),
                     sh.layer.c_str(), fname.c_str(), (long long)m, us, r.eager_us, cb.us, speedup, tbps,
-                    100 * tbps / 4.25, tflops, check, (cfgname + (plan.head_units ? " g" + std::to_string(schedules[si].head_percent) + ":" + std::to_string(plan.tail_units) : "")).c_str(),
-                    cfg == picked ? " *" : "");
+                    100 * tbps / 4.25, tflops, check, cfgname.c_str(), cfg == picked ? " *" : "");
         std::fflush(stdout);
         rows << (nrows++ ? ",\n" : "") << "    {\"op\": \"gemm\", \"model\": \"" << sh.model << "\", \"layer\": \""
              << sh.layer << "\", \"format\": \"" << fname << "\", \"act\": \"" << (bf16 ? "bf16" : "fp16")
              << "\", \"m\": " << m << ", \"n\": " << n << ", \"k\": " << k << ", \"config\": \"" << cfgname
              << "\", \"kernel\": \"" << kernel_of(kc) << "\", \"pipeline\": \"" << pipeline_of(kc)
              << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"grid\": " << plan.grid
-             << ", \"splits\": " << plan.splits << ", \"schedule\": \"" << plan.head_units << ":" << plan.tail_units
-             << "\", \"blocks\": " << plan.blocks << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
+             << ", \"splits\": " << plan.splits << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
              << ", \"eager_us\": " << r.eager_us << ", \"cublas_us\": " << cb.us << ", \"speedup\": " << speedup
              << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
              << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps

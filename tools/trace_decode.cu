@@ -134,10 +134,6 @@ int main(int argc, char** argv) {
       p.scales = base + l.scales_offset;
       p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
       p.units = plan.units;
-      p.head_units = plan.head_units;
-      p.tail_units = plan.tail_units;
-      p.grid = plan.grid;
-      p.blocks = plan.blocks;
       p.counters = plan.workspace_bytes ? static_cast<int*>(ws) : nullptr;
       p.partials = plan.workspace_bytes ? reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counters_bytes) : nullptr;
       p.m = m;

@@ -96,11 +96,8 @@ struct DecodeParams {
   int k_units;            // stream-K units per row group: ceil(k_chunks / unit), unit = the kernel's U
   int row_groups;         // ceil(row_tiles / (warps * row_tiles_per_warp))
   int64_t units;          // row_groups * k_units
-  int* counters;          // [row_groups] arrival counts, then (guided) the block ticket; zero between calls
-  float* partials;        // [partial slots of the partition][slot floats]
-  int head_units;         // guided stream-K (see Partition): units of each CTA's first block; 0: static
-  int tail_units;         // guided: units of each later block
-  int grid, blocks;       // dense: the launch's CTAs and the partition's blocks (constants, not registers)
+  int* counters;          // [row_groups], zero between calls
+  float* partials;        // [gridDim.x][2][slot floats]
   const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: of each sorted row)
   bool pdl;               // launched with programmatic dependent launch (see griddep_wait)
   GroupedSchedule grouped; // grouped (MoE) kernels only, see above
@@ -458,10 +455,10 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
 
 // The next segment of a CTA's stream-K range starting at unit u: row group rg (in the launch's row-group
 // space), units [q0, q1) of its k_units. Advances u.
-__device__ __forceinline__ void next_segment(int& u, int u_end, int k_units, int& rg, int& q0, int& q1) {
-  rg = u / k_units;
-  q0 = u % k_units;
-  q1 = u_end - u < k_units - q0 ? q0 + (u_end - u) : k_units;
+__device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_units, int& rg, int& q0, int& q1) {
+  rg = int(u / k_units);
+  q0 = int(u % k_units);
+  q1 = int(u_end - u < int64_t(k_units - q0) ? q0 + (u_end - u) : k_units);
   u += q1 - q0;
 }
 
@@ -497,59 +494,21 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RW][NT][4]) {
       for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
 }
 
-// How stream-K cuts the (row group, K unit) space into blocks of contiguous units, and who runs them.
-//   Static (head == 0): G blocks, block b = [b*units/G, (b+1)*units/G), run by CTA b.
-//   Guided (head > 0): G head blocks of `head` units, block b run by CTA b; then tail blocks of `tail`
-//     units, handed out in order through an atomic ticket to whichever CTA finishes first. Equal static
-//     shares finish unequally (fp4kit-trace-decode, Llama-70B gate_up at m = 1: CTA exits spread over 25 of
-//     79 us with 18 units each, +-1), because SMs do not get equal shares of HBM; the tail lets the fast
-//     ones take more.
-// Partial tiles are parked per block (two slots: its first and its last row group; one for 1-unit tail
-// blocks, which lie in one row group), so the last arrival sums them in block order whatever the timing:
-// the result is the same bits on every run.
-struct Partition {
-  int units, G, head, tail, blocks;  // units < 2^31: the host plans no more (32-bit: 80-register budget)
-  __host__ __device__ static Partition make(int units, int G, int head, int tail) {
-    Partition pt{units, G, head, tail, G};
-    if (head > 0 && tail > 0 && int64_t(head) * G < units) pt.blocks = G + (units - head * G + tail - 1) / tail;
-    else pt.head = 0;  // no tail: the static cut
-    return pt;
-  }
-  __host__ __device__ bool guided() const { return head > 0; }
-  __host__ __device__ int64_t start(int c) const {
-    if (!guided()) return int64_t(c) * units / G;
-    return c < G ? int64_t(c) * head : min(int64_t(units), int64_t(G) * head + int64_t(c - G) * tail);
-  }
-  __host__ __device__ int64_t end(int c) const { return start(c + 1); }
-  // The block that holds unit u.
-  __host__ __device__ int owner(int64_t u) const {
-    if (!guided()) return int(((u + 1) * G - 1) / units);  // last b with start(b) <= u
-    return u < int64_t(G) * head ? int(u / head) : G + int((u - int64_t(G) * head) / tail);
-  }
-  // Partial slot of block c for its first (second = 0) or last (1) row group.
-  __host__ __device__ int64_t slot(int c, int second) const {
-    if (!guided() || c < G) return 2 * int64_t(c) + second;
-    return 2 * int64_t(G) + int64_t(c - G) * (tail == 1 ? 1 : 2) + second;
-  }
-  __host__ __device__ int64_t slots() const { return slot(blocks, 0); }
-};
-
 // The end of a segment that covers only part of its row group's K: park the partial tile, count arrivals;
-// the last block to arrive sums all partials in block order (deterministic) and runs the epilogue.
+// the last CTA to arrive sums all partials in CTA order (deterministic) and runs the epilogue.
 // One thread (tid 0 of the WARPS warps that computed) publishes for the CTA: barrier, then a gpu-scope
 // fence and the atomic (the fence is cumulative over the stores the barrier made visible to it). The last
-// arrival reads the partials of up to kBatch blocks at once: this tail runs after the weight stream has
-// ended, so it costs whole L2 round trips; reading the partials one block after another cost one per
-// block (ncu, Llama-8B o at m = 1: 8 partials, SMs active only 53% of the kernel's duration).
-// `blk` is the block being run, `first_rg` its first row group; `sync` is a barrier over exactly those
-// WARPS warps; `s_last` a shared int.
+// arrival reads the partials of up to kBatch CTAs at once: this tail runs after the weight stream has
+// ended, so it costs whole L2 round trips; reading the partials one CTA after another cost one per CTA
+// (ncu, Llama-8B o at m = 1: 8 partials, SMs active only 53% of the kernel's duration).
+// `sync` is a barrier over exactly those WARPS warps; `s_last` a shared int.
 template <typename T, int NT, int RW, int WARPS, class Sync>
-__device__ __forceinline__ void finish_split(const DecodeParams& p, const DecodeParams& q, const Partition& pt,
-                                             int blk, int rg, int first_rg, const int* rt, int g, int t,
+__device__ __forceinline__ void finish_split(const DecodeParams& p, const DecodeParams& q, int64_t b, int64_t G,
+                                             int64_t units, int rg, int first_rg, const int* rt, int g, int t,
                                              float (&acc)[RW][NT][4], int* s_last, Sync sync, int trace_slot = -1) {
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* mine = p.partials + pt.slot(blk, rg == first_rg ? 0 : 1) * int64_t(kSlot);
+  float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
   const int base = (warp * RW) * NT * 128;
 #pragma unroll
   for (int r = 0; r < RW; ++r)
@@ -559,7 +518,8 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
       for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
   sync();
   const int64_t lo_u = int64_t(rg) * p.k_units, hi_u = lo_u + p.k_units - 1;
-  const int b_lo = pt.owner(lo_u), b_hi = pt.owner(hi_u);
+  const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
+  const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
   if (threadIdx.x == 0) {
     __threadfence();
     const bool last = atomicAdd(&p.counters[rg], 1) == int(b_hi - b_lo);
@@ -572,19 +532,19 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   zero_acc(acc);
   constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
   constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
-  for (int c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
+  for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
     float v[kBatch][kTile];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const int c = c0 + i;
+      const int64_t c = c0 + i;
       if (c > b_hi) break;
-      const int c_first_rg = int(pt.start(c) / p.k_units);
-      const float* src = p.partials + pt.slot(c, rg == c_first_rg ? 0 : 1) * int64_t(kSlot) + base + lane;
+      const int c_first_rg = int((c * units / G) / p.k_units);
+      const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
 #pragma unroll
       for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
     }
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {  // in block order: the sum is the same whatever the timing
+    for (int i = 0; i < kBatch; ++i) {  // in CTA order: the sum is the same whatever the timing
       if (c0 + i > b_hi) break;
 #pragma unroll
       for (int r = 0; r < RW; ++r)
@@ -598,32 +558,24 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
 }
 
-// The partition of a launch (grouped: its units read from the device schedule; always static). The host
-// sizes the grid to at most `units` (dense); grouped grids are sized for the most experts a call can
-// touch, so CTAs past the actual unit count leave (returns false), and the others split the units among
-// themselves (every block non-empty, which the fixup's arrival count relies on). Every CTA lets the next
-// kernel launch here; a grouped one first waits for the align kernel that wrote the schedule it reads.
+// The units of a launch (grouped: read from the device schedule) and CTA b's range of them. The host sizes
+// the grid to at most `units` (dense); grouped grids are sized for the most experts a call can touch, so
+// CTAs past the actual unit count leave (returns false), and the others split the units among themselves
+// (every range non-empty, which the fixup's arrival count relies on). Every CTA lets the next kernel
+// launch here; a grouped one first waits for the align kernel that wrote the schedule it reads.
 template <bool kGrouped>
-__device__ __forceinline__ bool cta_partition(const DecodeParams& p, Partition& pt) {
+__device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units, int64_t& G, int64_t& u_begin,
+                                          int64_t& u_end) {
   griddep_launch_dependents();
   if constexpr (kGrouped) griddep_wait();
-  if constexpr (kGrouped) {
-    const int units = *p.grouped.n_active * p.row_groups * p.k_units;
-    pt = Partition::make(units, min(int(gridDim.x), units), 0, 0);
-  } else {  // the host's plan (grid <= units): every field a kernel parameter, free to re-read
-    pt = Partition{int(p.units), p.grid, p.head_units, p.tail_units, p.blocks};
-  }
-  return int(blockIdx.x) < pt.G;
-}
-
-// Guided partition: the next block for this CTA, from the ticket after the head blocks (thread 0 only;
-// the caller broadcasts). Every CTA takes exactly one ticket past the last block; the last of those
-// (ticket blocks - 1) finds every other grab done and resets the ticket for the next call.
-__device__ __forceinline__ int grab_block(const DecodeParams& p, const Partition& pt) {
-  int* ticket = p.counters + p.row_groups;
-  const int c = pt.G + atomicAdd(ticket, 1);
-  if (c == pt.G + pt.blocks - 1) *ticket = 0;
-  return c;
+  units = p.units;
+  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_units;
+  G = min(int64_t(gridDim.x), units);
+  const int64_t b = blockIdx.x;
+  if (b >= G) return false;
+  u_begin = b * units / G;
+  u_end = (b + 1) * units / G;
+  return true;
 }
 
 // U: the stream-K unit in chunks (the host computes DecodeParams::k_units with the same unit).
@@ -639,101 +591,91 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   T* x_smem = reinterpret_cast<T*>(x_smem_raw);  // [2][8*NT][kXRowElems]
   constexpr int kXBuf = 8 * NT * kXRowElems;
 
-  // Stream-K over the (row group, K unit) space, row-group major (a unit: unit_chunks 64-K chunks, a K
-  // slice by default), cut into blocks by the partition: CTA b runs block b, then (guided) tail blocks.
+  // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K unit) space, row-group major
+  // (a unit: unit_chunks 64-K chunks, a K slice by default).
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
-  Partition pt;
-  if (!cta_partition<kGrouped>(p, pt)) return;
-  __shared__ int s_next;
+  int64_t units, G, u_begin, u_end;
+  if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
+  const int64_t b = blockIdx.x;
+  const int first_rg = int(u_begin / p.k_units);
   decode_trace_global(8);
   decode_trace(0);
   int seg = 0;
-  for (int blk = blockIdx.x; blk < pt.blocks;) {
-    const int u_begin = int(pt.start(blk)), u_end = int(pt.end(blk));
-    const int first_rg = int(u_begin / p.k_units);
-    int next = pt.blocks;  // thread 0: the ticket, taken when this block's stream ends
 
-    for (int u = u_begin; u < u_end; ++seg) {
-      int rg, q0, q1, lrg;
-      next_segment(u, u_end, p.k_units, rg, q0, q1);
-      DecodeParams q;
-      segment_problem<T, kGrouped>(p, rg, q, lrg);
+  for (int64_t u = u_begin; u < u_end; ++seg) {
+    int rg, q0, q1, lrg;
+    next_segment(u, u_end, p.k_units, rg, q0, q1);
+    DecodeParams q;
+    segment_problem<T, kGrouped>(p, rg, q, lrg);
 
-      int rt[RW];
+    int rt[RW];
 #pragma unroll
-      for (int r = 0; r < RW; ++r) rt[r] = (lrg * WARPS + warp) * RW + r;
+    for (int r = 0; r < RW; ++r) rt[r] = (lrg * WARPS + warp) * RW + r;
 
-      float acc[RW][NT][4];
-      zero_acc(acc);
+    float acc[RW][NT][4];
+    zero_acc(acc);
 
-      // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
-      // records are loaded one slice ahead and decoded when its first stage comes up. With units smaller
-      // than a slice a segment may start and end inside a slice (stages never straddle one: the unit is a
-      // multiple of the stage).
-      const int c_begin = q0 * U;
-      const int c_end = min(q1 * U, p.k_chunks);
-      const int j0 = c_begin / layout::kChunksPerMacro;
-      const int j1 = (c_end + layout::kChunksPerMacro - 1) / layout::kChunksPerMacro;
-      ScaleRecord<F> rec[RW];
-      Scales<F, T> sc[RW];
-      load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
-      Stage<RW, CH> ring[D];
+    // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
+    // records are loaded one slice ahead and decoded when its first stage comes up. With units smaller
+    // than a slice a segment may start and end inside a slice (stages never straddle one: the unit is a
+    // multiple of the stage).
+    const int c_begin = q0 * U;
+    const int c_end = min(q1 * U, p.k_chunks);
+    const int j0 = c_begin / layout::kChunksPerMacro;
+    const int j1 = (c_end + layout::kChunksPerMacro - 1) / layout::kChunksPerMacro;
+    ScaleRecord<F> rec[RW];
+    Scales<F, T> sc[RW];
+    load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
+    Stage<RW, CH> ring[D];
 #pragma unroll
-      for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
-      if (seg == 0) {
-        // Weights and scales are nobody's output: they are requested above (D = 1: the first stage into
-        // L2) before waiting for the previous kernel, whose X and workspace come next.
-        if constexpr (D == 1)
-          if (p.pdl) prefetch_stage_l2<RW, CH>(q, rt, c_begin, c_end, lane);
-        griddep_wait();
-      }
-      __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
-      stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0, threadIdx.x, blockDim.x);
-      for (int base = c_begin; base < c_end; base += D * CH) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-          const int cs = base + d * CH;
-          if (cs >= c_end) break;
-          load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
-          const int j = cs / layout::kChunksPerMacro;
-          if ((cs & (layout::kChunksPerMacro - 1)) == 0 || cs == c_begin) {
-            // Slice j starts (or the segment starts inside it): its X is complete and visible; every warp
-            // is done with slice j-1, whose buffer now receives slice j+1.
-            cp_async_wait_all();
-            __syncthreads();
-            if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
-#pragma unroll
-            for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
-            if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
-          }
-          const T* xs = x_smem + (j & 1) * kXBuf;
-          if constexpr (U == layout::kChunksPerMacro) {
-            compute_stage<F, T, NT, RW, CH>(ring[d], sc, xs, q, cs, c_end, g, t, acc);  // c_begin: slice start
-          } else {  // the stage's place in its slice, as a compile-time constant
-            compute_stage_at<F, T, NT, RW, CH>(cs & (layout::kChunksPerMacro - 1),
-                                               std::make_integer_sequence<int, layout::kChunksPerMacro / CH>{},
-                                               ring[d], sc, xs, q, cs, c_end, g, t, acc);
-          }
-          if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
-        }
-      }
-      decode_trace(seg == 0 ? 2 : 5);
-      // The ticket's round trip overlaps this segment's epilogue or fixup.
-      if (pt.guided() && u == u_end && threadIdx.x == 0) next = grab_block(p, pt);
-
-      if (q0 == 0 && q1 == p.k_units) {  // the whole K: finish here
-        epilogue<T, NT, RW>(q, rt, g, t, acc);
-        if (seg == 0) decode_trace(4);
-        continue;
-      }
-      finish_split<T, NT, RW, WARPS>(p, q, pt, blk, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },
-                                     seg == 0 ? 3 : 6);
-      if (seg == 0) decode_trace(4);
+    for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
+    if (seg == 0) {
+      // Weights and scales are nobody's output: they are requested above (D = 1: the first stage into
+      // L2) before waiting for the previous kernel, whose X and workspace come next.
+      if constexpr (D == 1)
+        if (p.pdl) prefetch_stage_l2<RW, CH>(q, rt, c_begin, c_end, lane);
+      griddep_wait();
     }
-    if (!pt.guided()) break;
-    if (threadIdx.x == 0) s_next = next;
-    __syncthreads();  // (the next write of s_next is a block later, behind the segment's barriers)
-    blk = s_next;
+    __syncthreads();  // the previous segment's last slice is no longer read from either X buffer
+    stage_x<T, NT>(x_smem + (j0 & 1) * kXBuf, q, j0, threadIdx.x, blockDim.x);
+    for (int base = c_begin; base < c_end; base += D * CH) {
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        const int cs = base + d * CH;
+        if (cs >= c_end) break;
+        load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        const int j = cs / layout::kChunksPerMacro;
+        if ((cs & (layout::kChunksPerMacro - 1)) == 0 || cs == c_begin) {
+          // Slice j starts (or the segment starts inside it): its X is complete and visible; every warp
+          // is done with slice j-1, whose buffer now receives slice j+1.
+          cp_async_wait_all();
+          __syncthreads();
+          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
+#pragma unroll
+          for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
+          if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
+        }
+        const T* xs = x_smem + (j & 1) * kXBuf;
+        if constexpr (U == layout::kChunksPerMacro) {
+          compute_stage<F, T, NT, RW, CH>(ring[d], sc, xs, q, cs, c_end, g, t, acc);  // c_begin: slice start
+        } else {  // the stage's place in its slice, as a compile-time constant
+          compute_stage_at<F, T, NT, RW, CH>(cs & (layout::kChunksPerMacro - 1),
+                                             std::make_integer_sequence<int, layout::kChunksPerMacro / CH>{},
+                                             ring[d], sc, xs, q, cs, c_end, g, t, acc);
+        }
+        if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
+      }
+    }
+    decode_trace(seg == 0 ? 2 : 5);
+
+    if (q0 == 0 && q1 == p.k_units) {  // the whole K: finish here
+      epilogue<T, NT, RW>(q, rt, g, t, acc);
+      if (seg == 0) decode_trace(4);
+      continue;
+    }
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },
+                                   seg == 0 ? 3 : 6);
+    if (seg == 0) decode_trace(4);
   }
   decode_trace(7);
   decode_trace_global(9);

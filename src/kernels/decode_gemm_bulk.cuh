@@ -106,10 +106,9 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   uint8_t* ring = bulk_smem;                                    // [S][kStage]
   T* x_smem = reinterpret_cast<T*>(bulk_smem + S * kStage);     // [2][8*NT][kXRowElems]
 
-  Partition pt;  // static here: the host plans guided partitions for the ring kernel only
-  if (!cta_partition<kGrouped>(p, pt)) return;
-  const int b = blockIdx.x;
-  const int u_begin = int(pt.start(b)), u_end = int(pt.end(b));
+  int64_t units, G, u_begin, u_end;
+  if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
+  const int64_t b = blockIdx.x;
   const int first_rg = int(u_begin / p.k_units);
 
   if (threadIdx.x == 0) {
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
     if (lane != 0) return;
     const uint64_t pol = evict_first_policy();
     int it = 0;
-    for (int u = u_begin; u < u_end;) {
+    for (int64_t u = u_begin; u < u_end;) {
       int rg, j0, j1, lrg;
       next_segment(u, u_end, p.k_units, rg, j0, j1);  // units are whole K slices here
       DecodeParams q;
@@ -154,7 +153,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   // Consumers: X and the workspace may come from the previous kernel (the producer streams weights only).
   griddep_wait();
   int it = 0;
-  for (int u = u_begin; u < u_end;) {
+  for (int64_t u = u_begin; u < u_end;) {
     int rg, j0, j1, lrg;
     next_segment(u, u_end, p.k_units, rg, j0, j1);
     DecodeParams q;
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
       epilogue<T, NT, RW>(q, rt, g, t, acc[0]);
       continue;
     }
-    finish_split<T, NT, RW, WARPS>(p, q, pt, b, rg, first_rg, rt, g, t, acc[0], &s_last,
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc[0], &s_last,
                                    [] { consumer_sync<kConsumers>(); });
   }
 #endif

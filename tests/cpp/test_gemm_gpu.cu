@@ -576,34 +576,6 @@ TEST(gemm_deterministic) {
   }
 }
 
-// Guided stream-K (kernels::Partition): head blocks plus tail blocks taken through a ticket, under
-// forced schedules from static (100) to a one-unit head; shapes with more units than resident CTAs (the
-// only ones that get a tail), K off the slice (2880: a short last unit). Every schedule matches the
-// reference, repeats its bits, and leaves counters and ticket zeroed (run checks the workspace).
-TEST(gemm_guided_schedules) {
-  const detail::DecodeSchedule saved = detail::decode_schedule;
-  struct Case { int64_t m, n, k; };
-  std::vector<Case> cases = {{1, 16384 + 48, 8192 + 64}, {16, 12288 + 80, 2880}, {5, 16384 + 16, 4096 + 32}};
-  if (quick()) cases.resize(2);
-  for (detail::DecodeSchedule sc : {detail::DecodeSchedule{100, 1}, {70, 1}, {40, 2}, {1, 1}, {1, 3}})
-    for (const Case& c : cases) {
-      detail::decode_schedule = sc;
-      const Format f = c.m % 2 ? Format::kNVFP4 : Format::kMXFP4;
-      const detail::DecodePlan plan = plan_of(c.m, f, c.n, c.k, -1);
-      CHECK_MSG(sc.head_percent == 100 || plan.units <= plan.grid || plan.head_units > 0,
-                "schedule " << sc.head_percent << ":" << sc.tail_units << " not guided on n=" << c.n << " k=" << c.k);
-      CkptWeight w = fp4test::random_weight(f, c.n, c.k, rng());
-      const auto a = check_case(f, c.m, c.n, c.k, true, -1, c.m == 5, &w);
-      DeviceWeight dw;
-      prepack_both(w, dw);
-      const auto x = random_x(c.m, c.k, true);
-      const auto r1 = run(dw, x, nullptr, c.m, true, -1), r2 = run(dw, x, nullptr, c.m, true, -1);
-      CHECK_MSG(!a.empty() && r1.bits == r2.bits,
-                "schedule " << sc.head_percent << ":" << sc.tail_units << " m=" << c.m << " n=" << c.n << " not repeatable");
-    }
-  detail::decode_schedule = saved;
-}
-
 // Two dependent GEMMs issued back to back with no host synchronisation: Y1 = X W1^T, then Y2 = Y1 W2^T.
 // With FP4KIT_PDL=1 (the ctest entry test_gemm_gpu_pdl) the second kernel may start while the first
 // drains and must wait for Y1 before it reads it: Y1 and Y2 are NaN-poisoned first, so a read too early
