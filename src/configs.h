@@ -74,17 +74,15 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // x K slices leave resident CTAs idle or split K many ways.
     {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1, kRing},
     {11, "m16_r2_w4_b4_c4x2", 2, 2, 4, 4, 4, 2, kRing},
-    // One or two CTAs per SM (24 warps either way): the warps of a CTA walk each K slice together (one
-    // barrier per slice), so an SM's share ends with its CTA, where three 8-warp CTAs per SM finish apart.
-    {30, "m8_r1_w24_b1_c8x1", 1, 1, 24, 1, 8, 1, kRing},
-    {31, "m8_r1_w12_b2_c8x1", 1, 1, 12, 2, 8, 1, kRing},
-    {32, "m16_r1_w24_b1_c4x2", 2, 1, 24, 1, 4, 2, kRing},
     // Bulk pipeline (sm_90): one producer warp keeps S whole K slices of the row group in flight through
     // shared memory, across segment boundaries and stream-K fixups; consumers read records with one
     // conflict-free 16-byte shared load per lane. Measured at 0773a97: slower than the ring on large
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
+    // (Ids 30-32 were 24-warp CTAs, one or two per SM (m8_r1_w24_b1, m8_r1_w12_b2, m16_r1_w24_b1): slower
+    // than the 8-warp defaults on every Llama-70B layer at m = 1 (gate_up 91.6 / 84.8 vs 79.0 us), within
+    // 4% at m = 16, bench/results/sweep_w24_cee07c6_llama70b.json; removed.)
     // (Ids 27 and 28 were half-slice stream-K units, unit_chunks = 4: 5-21% slower than their one-slice
     // twins on every Llama-70B layer at m = 1 and 16, bench/results/sweep_all_63d06f0_llama70b.json;
     // removed. The kernel keeps the unit as a template parameter.)
