@@ -81,8 +81,10 @@ int fp4kit_prepack(fp4kit_format format, int64_t n, int64_t k, const uint8_t* pa
   return report(fp4kit::prepack_gpu(a, stream));
 }
 
-int fp4kit_gemm_workspace_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
-                                size_t* bytes) {
+namespace {
+using WorkspaceQuery = fp4kit::Status (*)(int64_t, const fp4kit::PackedWeight&, fp4kit::DType, size_t*, int);
+int workspace_query(WorkspaceQuery q, int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
+                    size_t* bytes) {
   if (!format_ok(format)) return bad_enum("format");
   if (!dtype_ok(act)) return bad_enum("act");
   if (!bytes) return report(fp4kit::Status::Invalid("bytes: must not be null"));
@@ -90,7 +92,18 @@ int fp4kit_gemm_workspace_bytes(int64_t m, fp4kit_format format, int64_t n, int6
   w.format = to_format(format);
   w.n = n;
   w.k = k;
-  return report(fp4kit::gemm_workspace_bytes(m, w, to_dtype(act), bytes));
+  return report(q(m, w, to_dtype(act), bytes, -1));
+}
+}  // namespace
+
+int fp4kit_gemm_workspace_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
+                                size_t* bytes) {
+  return workspace_query(&fp4kit::gemm_workspace_bytes, m, format, n, k, act, bytes);
+}
+
+int fp4kit_gemm_workspace_zero_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
+                                     size_t* bytes) {
+  return workspace_query(&fp4kit::gemm_workspace_zero_bytes, m, format, n, k, act, bytes);
 }
 
 int fp4kit_gemm(int64_t m, fp4kit_dtype act, const void* x, fp4kit_format format, int64_t n, int64_t k,

@@ -178,6 +178,14 @@ Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t*
   return Status::Ok();
 }
 
+Status gemm_workspace_zero_bytes(int64_t m, const PackedWeight& w, DType act, size_t* bytes, int config) {
+  if (!bytes) return Status::Invalid("bytes: must not be null");
+  detail::DecodePlan plan;
+  FP4KIT_RETURN_IF_ERROR(detail::make_plan(m, w, act, config, &plan));
+  *bytes = plan.counters_bytes;  // the counters come first in every plan's workspace
+  return Status::Ok();
+}
+
 Status gemm(const GemmArgs& a, cudaStream_t stream) {
   detail::DecodePlan plan;
   FP4KIT_RETURN_IF_ERROR(detail::validate(a, &plan));

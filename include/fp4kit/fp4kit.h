@@ -37,6 +37,10 @@ int fp4kit_prepack(fp4kit_format format, int64_t n, int64_t k, const uint8_t* pa
 
 int fp4kit_gemm_workspace_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
                                 size_t* bytes);
+/* Of those, the leading bytes that must be zero when a call starts (fp4kit leaves them zero after each
+ * call; the rest is scratch): what a workspace allocated fresh for a call needs cleared. */
+int fp4kit_gemm_workspace_zero_bytes(int64_t m, fp4kit_format format, int64_t n, int64_t k, fp4kit_dtype act,
+                                     size_t* bytes);
 /* Y[m, n] = X[m, k] * W^T (+ bias). x, y, bias (nullable): dtype act (FP4KIT_BF16 or FP4KIT_F16).
  * workspace: fp4kit_gemm_workspace_bytes() bytes, zero-filled once before first use. */
 int fp4kit_gemm(int64_t m, fp4kit_dtype act, const void* x, fp4kit_format format, int64_t n, int64_t k,

@@ -57,6 +57,12 @@ def _gemm_ws_bytes(device_index: int, m: int, format: str, n: int, k: int, act: 
         return _C.gemm_workspace_bytes(m, format, n, k, act)
 
 
+@functools.lru_cache(maxsize=4096)
+def _gemm_ws_zero_bytes(device_index: int, m: int, format: str, n: int, k: int, act: str) -> int:
+    with torch.cuda.device(device_index):
+        return _C.gemm_workspace_zero_bytes(m, format, n, k, act)
+
+
 # One zero-filled workspace per (device, stream) in eager mode: fp4kit leaves it zeroed after every call,
 # and calls that may run concurrently (different streams) need their own. Grown, never shrunk; the old one is released
 # stream-ordered by torch's caching allocator, so a pending kernel on that stream is not disturbed.
@@ -64,15 +70,23 @@ _workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
 def _workspace(device: torch.device, stream: int, nbytes: int,
-               cache: Optional[Dict[Tuple[int, int], torch.Tensor]] = None, zeroed: bool = True) -> torch.Tensor:
+               cache: Optional[Dict[Tuple[int, int], torch.Tensor]] = None, zeroed: bool = True,
+               zero_bytes: Optional[int] = None) -> torch.Tensor:
     """The scratch buffer of a call on (device, stream): from `cache` (default: the GEMM's), grown when too
     small. `zeroed`: the op needs it zero-filled (the GEMM, which leaves it zeroed); otherwise the op
-    initialises what it relies on (the MoE layer)."""
+    initialises what it relies on (the MoE layer). `zero_bytes`: of a zeroed one, the leading bytes the
+    op needs zero (gemm_workspace_zero_bytes; None: all), which is what a fresh buffer gets cleared."""
     new = torch.zeros if zeroed else torch.empty
     if torch.cuda.is_current_stream_capturing():
-        # Inside a CUDA graph capture: a fresh buffer from the graph's private pool (zeroed by a captured
-        # memset where needed), so the graph never shares scratch memory with eager calls (or other graphs).
-        return new(nbytes, dtype=torch.uint8, device=device)
+        # Inside a CUDA graph capture: a fresh buffer from the graph's private pool, so the graph never
+        # shares scratch memory with eager calls (or other graphs). Its captured memset clears only what
+        # the op reads before writing (the arrival counters: up to 64 KiB, not megabytes of scratch).
+        if not zeroed or zero_bytes is None:
+            return new(nbytes, dtype=torch.uint8, device=device)
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if zero_bytes:
+            ws[:zero_bytes].zero_()
+        return ws
     cache = _workspaces if cache is None else cache
     key = (device.index, stream)
     ws = cache.get(key)
@@ -203,7 +217,10 @@ def gemm(x: torch.Tensor, packed_buffer: torch.Tensor, format: str, n: int, k: i
         return out
     stream = _stream(dev)
     ws_bytes = _gemm_ws_bytes(dev.index, m, format, n, k, act)
-    ws = _workspace(dev, stream, ws_bytes) if ws_bytes else None
+    ws = None
+    if ws_bytes:
+        zb = _gemm_ws_zero_bytes(dev.index, m, format, n, k, act) if torch.cuda.is_current_stream_capturing() else None
+        ws = _workspace(dev, stream, ws_bytes, zero_bytes=zb)
     args = (m, act, x.data_ptr(), format, n, k, packed_buffer.data_ptr(), bias.data_ptr() if bias is not None else 0,
             out.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
     if dev.index == torch.cuda.current_device():  # the common case: no device switch on the hot path

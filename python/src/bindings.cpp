@@ -329,6 +329,17 @@ size_t gemm_workspace_bytes(int64_t m, const std::string& format, int64_t n, int
   return bytes;
 }
 
+size_t gemm_workspace_zero_bytes(int64_t m, const std::string& format, int64_t n, int64_t k, const std::string& act,
+                                 int config) {
+  fp4kit::PackedWeight w;
+  w.format = parse_format(format);
+  w.n = n;
+  w.k = k;
+  size_t bytes = 0;
+  check(fp4kit::gemm_workspace_zero_bytes(m, w, parse_dtype(act, "act", false), &bytes, config));
+  return bytes;
+}
+
 void gemm(int64_t m, const std::string& act, uintptr_t x, const std::string& format, int64_t n, int64_t k,
           uintptr_t w, uintptr_t bias, uintptr_t y, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream,
           int config) {
@@ -493,6 +504,8 @@ NB_MODULE(_C, m) {
         "Prepack on the device (raw pointers; 0 = null; asynchronous on `stream`).");
   m.def("gemm_workspace_bytes", &gemm_workspace_bytes, "m"_a, "format"_a, "n"_a, "k"_a, "act"_a,
         "config"_a = -1, "Workspace bytes gemm() needs on the current device.");
+  m.def("gemm_workspace_zero_bytes", &gemm_workspace_zero_bytes, "m"_a, "format"_a, "n"_a, "k"_a, "act"_a,
+        "config"_a = -1, "Of those, the leading bytes that must be zero when a call starts (the counters).");
   m.def("gemm", &gemm, "m"_a, "act"_a, "x_ptr"_a, "format"_a, "n"_a, "k"_a, "w_ptr"_a, "bias_ptr"_a, "y_ptr"_a,
         "workspace_ptr"_a, "workspace_bytes"_a, "stream"_a, "config"_a = -1,
         "Y[m, n] = X[m, k] W^T (+ bias) on the device (raw pointers; asynchronous on `stream`).");

@@ -11,8 +11,9 @@
 //   x [..., k] bf16/fp16 on a CUDA device (made contiguous), w the uint8 buffer of prepack() on that
 //   device, bias [n] of x's dtype. The output is new; nothing is mutated. The launch is on the current
 //   stream; no host synchronisation. The scratch workspace is one zero-filled buffer per (device,
-//   stream) in eager mode (fp4kit leaves it zeroed), and a fresh zeroed one from the graph's pool while
-//   the stream is capturing, so that captured graphs never share scratch memory with eager calls.
+//   stream) in eager mode (fp4kit leaves it zeroed), and a fresh one from the graph's pool while the
+//   stream is capturing (its counters cleared), so that captured graphs never share scratch memory with
+//   eager calls.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -47,7 +48,7 @@ void check_status(const fp4kit::Status& s) {
 // Layout size and workspace size per problem, cached: both are pure functions of their key.
 std::mutex g_mu;
 std::map<std::tuple<int, int64_t, int64_t>, size_t> g_total_bytes;
-std::map<std::tuple<int, int, int64_t, int, int64_t, int64_t>, size_t> g_ws_bytes;
+std::map<std::tuple<int, int, int64_t, int, int64_t, int64_t>, std::pair<size_t, size_t>> g_ws_bytes;
 std::map<std::pair<int, cudaStream_t>, at::Tensor> g_workspaces;
 
 size_t total_bytes(fp4kit::Format f, int64_t n, int64_t k) {
@@ -61,29 +62,38 @@ size_t total_bytes(fp4kit::Format f, int64_t n, int64_t k) {
   return l.total_bytes;
 }
 
-size_t workspace_bytes(int dev, int64_t m, const fp4kit::PackedWeight& w, fp4kit::DType act) {
+// {bytes, leading bytes that must be zero when a call starts} of the GEMM's workspace.
+std::pair<size_t, size_t> workspace_bytes(int dev, int64_t m, const fp4kit::PackedWeight& w, fp4kit::DType act) {
   auto key = std::make_tuple(dev, int(w.format), m, int(act), w.n, w.k);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_ws_bytes.find(key);
     if (it != g_ws_bytes.end()) return it->second;
   }
-  size_t bytes = 0;
-  check_status(fp4kit::gemm_workspace_bytes(m, w, act, &bytes));
+  std::pair<size_t, size_t> b{0, 0};
+  check_status(fp4kit::gemm_workspace_bytes(m, w, act, &b.first));
+  check_status(fp4kit::gemm_workspace_zero_bytes(m, w, act, &b.second));
   std::lock_guard<std::mutex> lock(g_mu);
-  g_ws_bytes[key] = bytes;
-  return bytes;
+  g_ws_bytes[key] = b;
+  return b;
 }
 
-at::Tensor workspace(const at::Device& device, cudaStream_t stream, size_t bytes) {
+// While the stream captures a graph: a fresh buffer from the graph's pool with only its leading
+// zero_bytes cleared (the arrival counters; the rest is scratch the GEMM writes before it reads), so
+// the captured memset is kilobytes, not the megabytes of partials and lane-ordered X.
+at::Tensor workspace(const at::Device& device, cudaStream_t stream, std::pair<size_t, size_t> bytes) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess, "stream: cannot query its capture status");
   const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
-  if (capture != cudaStreamCaptureStatusNone) return at::zeros({int64_t(bytes)}, opts);
+  if (capture != cudaStreamCaptureStatusNone) {
+    at::Tensor ws = at::empty({int64_t(bytes.first)}, opts);
+    if (bytes.second) ws.narrow(0, 0, int64_t(bytes.second)).zero_();
+    return ws;
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   at::Tensor& ws = g_workspaces[{int(device.index()), stream}];
   // Grown, never shrunk; the old buffer goes back to the caching allocator stream-ordered.
-  if (!ws.defined() || size_t(ws.numel()) < bytes) ws = at::zeros({int64_t(bytes)}, opts);
+  if (!ws.defined() || size_t(ws.numel()) < bytes.first) ws = at::zeros({int64_t(bytes.first)}, opts);
   return ws;
 }
 
@@ -133,10 +143,11 @@ at::Tensor gemm_cuda(const at::Tensor& x_in, const at::Tensor& w, c10::string_vi
   a.w.data = w.data_ptr();
   a.bias = bias ? bias->data_ptr() : nullptr;
   a.y = y.data_ptr();
-  a.workspace_bytes = workspace_bytes(device.index(), m, a.w, a.act);
+  const std::pair<size_t, size_t> wsb = workspace_bytes(device.index(), m, a.w, a.act);
+  a.workspace_bytes = wsb.first;
   at::Tensor ws;
   if (a.workspace_bytes) {
-    ws = workspace(device, stream, a.workspace_bytes);
+    ws = workspace(device, stream, wsb);
     a.workspace = ws.data_ptr();
   }
   check_status(fp4kit::gemm(a, stream));

@@ -141,8 +141,10 @@ constexpr int64_t kGuard = 4096;  // elements past Y that must stay poisoned
 
 // Runs the GEMM with a poisoned output (0xFFFF: NaN in bf16 and fp16) and a poisoned guard region after
 // it; returns the result.
+// dirty_ws: the workspace is 0xFF garbage except its leading gemm_workspace_zero_bytes() (the contract's
+// minimum); otherwise all zero.
 RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vector<float>* bias, int64_t m,
-           bool bf16, int config) {
+           bool bf16, int config, bool dirty_ws = false) {
   const int64_t n = dw.pw.n, k = dw.pw.k;
   std::vector<uint16_t> xb(size_t(m * k)), bb;
   for (size_t i = 0; i < xb.size(); ++i) xb[i] = fp4test::to_bits(x[i], bf16);
@@ -159,7 +161,13 @@ RunOut run(const DeviceWeight& dw, const std::vector<float>& x, const std::vecto
   void* ws = nullptr;
   if (ws_bytes) {
     CUDA_OK(cudaMalloc(&ws, ws_bytes));
-    CUDA_OK(cudaMemset(ws, 0, ws_bytes));
+    size_t zero_bytes = ws_bytes;
+    if (dirty_ws) {
+      CHECK_OK(gemm_workspace_zero_bytes(m, dw.pw, act, &zero_bytes, config));
+      CHECK_MSG(zero_bytes <= ws_bytes, "zero bytes " << zero_bytes << " > workspace bytes " << ws_bytes);
+      CUDA_OK(cudaMemset(ws, 0xFF, ws_bytes));
+    }
+    CUDA_OK(cudaMemset(ws, 0, std::min(zero_bytes, ws_bytes)));
   }
   GemmArgs a;
   a.m = m;
@@ -574,6 +582,28 @@ TEST(gemm_deterministic) {
     const auto a = run(dw, x, nullptr, m, true, -1), b = run(dw, x, nullptr, m, true, -1);
     CHECK(a.bits == b.bits);
   }
+}
+
+// A fresh workspace needs only its leading gemm_workspace_zero_bytes() cleared: the rest (stream-K and
+// split-K partials, prefill's lane-ordered X) is written before it is read. Garbage there must give the
+// same bits as a zeroed workspace: decode with split row groups, prefill with and without K splits.
+TEST(gemm_workspace_only_counters_zeroed) {
+  struct Case { int64_t m, n, k; };
+  for (const Case& c : {Case{1, 4096 + 48, 4096 + 64}, Case{16, 8192 + 16, 2880}, Case{100, 1024 + 16, 8192},
+                        Case{300, 4096 + 48, 1024}})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+      if (c.m >= 33 && !prefill_here()) continue;
+      CkptWeight w = fp4test::random_weight(f, c.n, c.k, rng());
+      DeviceWeight dw;
+      prepack_both(w, dw);
+      const auto x = random_x(c.m, c.k, true);
+      const auto clean = run(dw, x, nullptr, c.m, true, -1), dirty = run(dw, x, nullptr, c.m, true, -1, true);
+      const detail::DecodePlan plan = plan_of(c.m, f, c.n, c.k, -1);
+      CHECK_MSG(clean.ok && dirty.ok && clean.bits == dirty.bits,
+                format_name(f) << " m=" << c.m << " n=" << c.n << " k=" << c.k << " (" << plan.cfg->name
+                               << ", workspace " << plan.workspace_bytes << " bytes, zeroed " << plan.counters_bytes
+                               << "): garbage past the counters changed the result");
+    }
 }
 
 // Two dependent GEMMs issued back to back with no host synchronisation: Y1 = X W1^T, then Y2 = Y1 W2^T.

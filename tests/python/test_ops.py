@@ -109,10 +109,13 @@ def test_compile_fullgraph_cuda():
 
 
 @needs_gpu
-def test_cuda_graph_capture_replay_changing_inputs():
-    n, k = 4096 + 48, 4096  # large enough that stream-K splits row groups (workspace in use)
+@pytest.mark.parametrize("m", [16, 100])
+def test_cuda_graph_capture_replay_changing_inputs(m):
+    # Large enough that stream-K splits row groups (m = 16) or that the prefill kernel stages X in lane
+    # order (m = 100): the captured workspace is fresh memory with only its counters cleared.
+    n, k = 4096 + 48, 4096
     _, _, _, buf = _weight("nvfp4", n, k, 8, "cuda")
-    x_static = torch.randn(16, k, device="cuda").bfloat16()
+    x_static = torch.randn(m, k, device="cuda").bfloat16()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up, as torch.cuda.graph requires
@@ -122,7 +125,7 @@ def test_cuda_graph_capture_replay_changing_inputs():
     with torch.cuda.graph(g):
         y_static = torch.ops.fp4kit.gemm(x_static, buf, "nvfp4", n, k)
     for seed in range(3):
-        x_static.copy_(torch.randn(16, k, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        x_static.copy_(torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16())
         g.replay()
         ref = torch.ops.fp4kit.gemm(x_static, buf, "nvfp4", n, k)  # eager, after the replay
         torch.cuda.synchronize()
