@@ -318,26 +318,25 @@ void prepack_gpu(const std::string& format, int64_t n, int64_t k, uintptr_t pack
   check(fp4kit::prepack_gpu(a, stream_of(stream)));
 }
 
-size_t gemm_workspace_bytes(int64_t m, const std::string& format, int64_t n, int64_t k, const std::string& act,
-                            int config) {
+// A workspace query (fp4kit::gemm_workspace_bytes or _zero_bytes) on the current device.
+using WorkspaceQuery = fp4kit::Status (*)(int64_t, const fp4kit::PackedWeight&, fp4kit::DType, size_t*, int);
+size_t workspace_query(WorkspaceQuery q, int64_t m, const std::string& format, int64_t n, int64_t k,
+                       const std::string& act, int config) {
   fp4kit::PackedWeight w;
   w.format = parse_format(format);
   w.n = n;
   w.k = k;
   size_t bytes = 0;
-  check(fp4kit::gemm_workspace_bytes(m, w, parse_dtype(act, "act", false), &bytes, config));
+  check(q(m, w, parse_dtype(act, "act", false), &bytes, config));
   return bytes;
 }
-
+size_t gemm_workspace_bytes(int64_t m, const std::string& format, int64_t n, int64_t k, const std::string& act,
+                            int config) {
+  return workspace_query(&fp4kit::gemm_workspace_bytes, m, format, n, k, act, config);
+}
 size_t gemm_workspace_zero_bytes(int64_t m, const std::string& format, int64_t n, int64_t k, const std::string& act,
                                  int config) {
-  fp4kit::PackedWeight w;
-  w.format = parse_format(format);
-  w.n = n;
-  w.k = k;
-  size_t bytes = 0;
-  check(fp4kit::gemm_workspace_zero_bytes(m, w, parse_dtype(act, "act", false), &bytes, config));
-  return bytes;
+  return workspace_query(&fp4kit::gemm_workspace_zero_bytes, m, format, n, k, act, config);
 }
 
 void gemm(int64_t m, const std::string& act, uintptr_t x, const std::string& format, int64_t n, int64_t k,
