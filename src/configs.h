@@ -26,12 +26,6 @@ struct KernelConfig {
                     // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a)
   int max_splits = 1;  // kWgmma: the most K splits the plan may use when the output tiles leave SMs idle
                        // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
-  int unit_chunks = 8;  // kRing: the stream-K unit in 64-K chunks (a multiple of `chunks`, dividing 8).
-                        // Each CTA gets the same number of units +-1, so with one K slice per unit a layer
-                        // of ~3 units per CTA leaves a quarter of the CTAs a third more work than the
-                        // rest (in-kernel timeline, Llama-70B qkv at m = 1: CTA exits spread over 9.8 of
-                        // 22 us); smaller units make the +-1 smaller. kBulk and kWgmma: 8. A kernel
-                        // template parameter (entries with another unit are other kernels).
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
@@ -85,7 +79,7 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // 4% at m = 16, bench/results/sweep_w24_cee07c6_llama70b.json; removed.)
     // (Ids 27 and 28 were half-slice stream-K units, unit_chunks = 4: 5-21% slower than their one-slice
     // twins on every Llama-70B layer at m = 1 and 16, bench/results/sweep_all_63d06f0_llama70b.json;
-    // removed. The kernel keeps the unit as a template parameter.)
+    // removed, and with them the kernel's sub-slice units: a stream-K unit is one K slice.)
     // Prefill (sm_90a): CTA = 128 weight rows x BN tokens, wgmma with the dequantised weights as register
     // A, X by TMA; measured at b7022e8 (whole K per CTA): 640-730 TFLOP/s on Llama-70B layers at
     // m >= 1024, ~400 at m = 256 where 64-128 CTAs leave the 132 SMs of an H200 idle. The _k8 variants
@@ -99,16 +93,6 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {25, "p256_w8_s3_k8", 32, 1, 8, 1, 2, 3, kWgmma, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
-
-// The stream-K unit of every entry: whole stages inside one K slice, and a whole slice off the ring.
-constexpr bool units_valid() {
-  for (const KernelConfig& c : kKernelConfigs) {
-    const int u = c.unit_chunks;
-    if (8 % u != 0 || (c.pipeline == kRing ? u % c.chunks != 0 : u != 8)) return false;
-  }
-  return true;
-}
-static_assert(units_valid(), "kKernelConfigs: unit_chunks must be a multiple of chunks dividing 8 (8 off the ring)");
 
 // The table (static storage, `count` entries).
 const KernelConfig* kernel_configs(int* count);

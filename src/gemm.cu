@@ -137,13 +137,11 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
   p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
-  p.unit_chunks = cfg->unit_chunks;
-  p.k_units = int((l.k_chunks + p.unit_chunks - 1) / p.unit_chunks);
-  p.units = int64_t(p.row_groups) * p.k_units;
+  p.units = int64_t(p.row_groups) * l.k_macros;
   const int64_t resident = int64_t(facts.sms) * per_sm;
   p.grid = int(std::min<int64_t>(p.units, resident));
   // Split row groups exist only when some CTA's range does not cover whole row groups.
-  const bool split = p.units % p.grid != 0 || (p.units / p.grid) % p.k_units != 0;
+  const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {
     p.counters_bytes = counters_region(p.row_groups);
     p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
@@ -194,7 +192,7 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
   const KernelFn fn = reinterpret_cast<KernelFn>(const_cast<void*>(plan.kernel));
 
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
-  kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups, plan.unit_chunks);
+  kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups);
   p.bias = a.bias;
   p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
   p.scales = base + l.scales_offset;

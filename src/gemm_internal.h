@@ -11,7 +11,7 @@ namespace fp4kit {
 namespace detail {
 
 // The launch plan of either kernel (the name is the decode kernel's, which the MoE layer plans with too).
-// Decode (kRing, kBulk): persistent stream-K CTAs over (row group, K unit) units, one launch per m_block
+// Decode (kRing, kBulk): persistent stream-K CTAs over (row group, K slice) units, one launch per m_block
 // tokens. Prefill (kWgmma): per pass of pass_m tokens, X into lane order, then one launch of row_groups
 // (128-row blocks) x token_tiles x splits CTAs.
 struct DecodePlan {
@@ -22,9 +22,7 @@ struct DecodePlan {
   PackedLayout layout;           // of the weight
   int64_t m_block = 0;      // tokens per launch (decode: 8 * n_tiles; prefill: m)
   int row_groups = 0;       // decode: row groups; prefill: 128-row blocks
-  int unit_chunks = 8;      // decode: the stream-K unit in 64-K chunks
-  int k_units = 0;          // decode: units per row group, ceil(k_chunks / unit_chunks)
-  int64_t units = 0;        // decode: row_groups * k_units; prefill: output tiles (row_groups * token_tiles)
+  int64_t units = 0;        // decode: row_groups * K slices; prefill: output tiles (row_groups * token_tiles)
   int grid = 0;             // CTAs per launch (decode: persistent; prefill: units * splits)
   int token_tiles = 0;      // prefill: ceil(m / token tile)
   int splits = 1;           // prefill: K splits per tile (> 1: partial tiles summed through the workspace)

@@ -624,11 +624,11 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
     const PackedLayout& l = gp.dense.layout;
-    kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups, gp.dense.unit_chunks);
+    kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups);
     p.x = x;
     p.y = y;
     p.x_rows = x_rows;
-    p.units = 0;  // grouped: n_active * row_groups * k_units, read on the device
+    p.units = 0;  // grouped: n_active * row_groups * k_macros, read on the device
     p.counters = counters;
     p.partials = partials;
     GroupedSchedule& s = p.grouped;

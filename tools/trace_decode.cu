@@ -33,9 +33,9 @@ using namespace fp4bench;
 namespace {
 
 using Fn = void (*)(const kernels::DecodeParams);
-template <int NT, int RW, int W, int MINB, int CH, int D, int U>
+template <int NT, int RW, int W, int MINB, int CH, int D>
 Fn trace_kernel() {
-  return &kernels::decode_gemm_kernel<Format::kNVFP4, __nv_bfloat16, NT, RW, W, MINB, CH, D, false, U>;
+  return &kernels::decode_gemm_kernel<Format::kNVFP4, __nv_bfloat16, NT, RW, W, MINB, CH, D, false>;
 }
 
 double med(std::vector<double> v) {
@@ -65,24 +65,23 @@ int main(int argc, char** argv) {
   const double ghz = khz * 1e-6;  // clock64 ticks per ns
   const int m = std::atoi(opt["m"].c_str());
   const int runs = std::atoi(opt["runs"].c_str());
-  // The traced kernels (those of entries 0, 1, 4, 27, 28); --config may name any table entry with the
-  // same template parameters.
+  // The traced kernels (those of entries 0, 1, 4); --config may name any table entry with the same
+  // template parameters.
   struct Traced { int id; Fn fn; };
-  const Traced traced[] = {{0, trace_kernel<1, 1, 8, 3, 8, 1, 8>()}, {1, trace_kernel<1, 1, 8, 3, 4, 2, 8>()},
-                           {4, trace_kernel<2, 1, 8, 2, 4, 2, 8>()}, {27, trace_kernel<1, 1, 8, 3, 4, 2, 4>()},
-                           {28, trace_kernel<2, 1, 8, 2, 4, 2, 4>()}};
+  const Traced traced[] = {{0, trace_kernel<1, 1, 8, 3, 8, 1>()}, {1, trace_kernel<1, 1, 8, 3, 4, 2>()},
+                           {4, trace_kernel<2, 1, 8, 2, 4, 2>()}};
   const int cfg_id = opt["config"].empty() ? (m <= 8 ? 0 : 4) : std::atoi(opt["config"].c_str());
   const KernelConfig* cfg = find_config(cfg_id);
   auto same = [](const KernelConfig* a, const KernelConfig* b) {
     return a && b && a->n_tiles == b->n_tiles && a->row_tiles == b->row_tiles && a->warps == b->warps &&
            a->min_blocks == b->min_blocks && a->chunks == b->chunks && a->stages == b->stages &&
-           a->pipeline == b->pipeline && a->unit_chunks == b->unit_chunks;
+           a->pipeline == b->pipeline;
   };
   Fn fn = nullptr;
   for (const Traced& tk : traced)
     if (same(cfg, find_config(tk.id))) fn = tk.fn;
   if (!fn) {
-    std::fprintf(stderr, "fp4kit-trace-decode: --config must be a variant of table entries 0, 1, 4, 27 or 28\n");
+    std::fprintf(stderr, "fp4kit-trace-decode: --config must be a variant of table entries 0, 1 or 4\n");
     return 2;
   }
   if (8 * cfg->n_tiles < m) {
@@ -128,7 +127,7 @@ int main(int argc, char** argv) {
     }
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes));
     auto launch = [&](int i) {
-      kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups, plan.unit_chunks);
+      kernels::DecodeParams p = kernels::shape_params(l, plan.row_groups);
       const uint8_t* base = static_cast<const uint8_t*>(wp[size_t(i % copies)]);
       p.weights = reinterpret_cast<const uint4*>(base + l.weights_offset);
       p.scales = base + l.scales_offset;

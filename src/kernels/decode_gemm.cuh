@@ -21,10 +21,9 @@
 //     blocks more than ~2^22 below their row's largest, see README).
 //   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
 //     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice).
-//   - Work balance: stream-K over the linear space (row group, K unit; a unit is a K slice or, per config,
-//     a quarter or half of one): every CTA gets the same number of units (+-1), whatever the shape. A row
-//     group split between CTAs is finished by the last one to arrive, which sums the partials in CTA
-//     order (deterministic) and runs the epilogue.
+//   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
+//     slices (+-1), whatever the shape. A row group split between CTAs is finished by the last one to
+//     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
 //   - A small register ring (D stages of CH records) per warp plus 16-24 resident warps per SM keep
 //     > 50 KB per SM in flight (what Little's law asks of HBM3e at ~1 us latency) while the ring is
 //     drained. Measured (docs/decode-gemm-notes.md), Llama-70B gate_up at m = 1: a whole-slice double
@@ -37,7 +36,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "fp4kit/formats.h"
 #include "fp4kit/repack.h"
@@ -70,7 +68,7 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
 
 // Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
 // to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
-// the row-group space is (entry a, row group) and stream-K runs over n_active * row_groups * k_units
+// the row-group space is (entry a, row group) and stream-K runs over n_active * row_groups * k_macros
 // units, read from device memory at kernel start. An entry is an expert and a block of at most
 // block_rows of its rows (one entry per expert when block_rows is 0): the kernel's token tiles need only
 // cover a typical expert's rows, and an expert with more takes several entries, each streaming its
@@ -93,9 +91,8 @@ struct DecodeParams {
   const float* out_scale; // [n_pad]
   int m, n, k;
   int row_tiles, k_chunks, k_macros;
-  int k_units;            // stream-K units per row group: ceil(k_chunks / unit), unit = the kernel's U
   int row_groups;         // ceil(row_tiles / (warps * row_tiles_per_warp))
-  int64_t units;          // row_groups * k_units
+  int64_t units;          // row_groups * k_macros
   int* counters;          // [row_groups], zero between calls
   float* partials;        // [gridDim.x][2][slot floats]
   const int* x_rows;      // null: X row i is token i; else X row of token i (grouped: of each sorted row)
@@ -106,15 +103,13 @@ struct DecodeParams {
 
 
 // The shape fields of a launch over a weight of layout `l` (the caller sets tokens, pointers and workspace).
-// unit_chunks: the stream-K unit in 64-K chunks (8: one K slice).
-inline DecodeParams shape_params(const PackedLayout& l, int row_groups, int unit_chunks = 8) {
+inline DecodeParams shape_params(const PackedLayout& l, int row_groups) {
   DecodeParams p{};
   p.n = int(l.n);
   p.k = int(l.k);
   p.row_tiles = int(l.row_tiles);
   p.k_chunks = int(l.k_chunks);
   p.k_macros = int(l.k_macros);
-  p.k_units = int((l.k_chunks + unit_chunks - 1) / unit_chunks);
   p.row_groups = row_groups;
   return p;
 }
@@ -375,7 +370,7 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int
   cp_async_commit();
 }
 
-template <Format F, typename T, int NT, int RW, int CH, int kPhase = -1>
+template <Format F, typename T, int NT, int RW, int CH>
 __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
                                               const T* xs, const DecodeParams& p, int c0, int c_end, int g,
                                               int t, float (&acc)[RW][NT][4]) {
@@ -383,9 +378,7 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
   for (int i = 0; i < CH; ++i) {
     const int c = c0 + i;
     if (c >= c_end) break;
-    // The chunk's place in its K slice selects its scale word: kPhase >= 0 states c0's place at compile
-    // time (a run-time index would put the scale words in local memory).
-    const int cc = kPhase >= 0 ? (kPhase + i) & (layout::kChunksPerMacro - 1) : c & (layout::kChunksPerMacro - 1);
+    const int cc = c & (layout::kChunksPerMacro - 1);
     const int kl = int(layout::lane_kbase(F, c, t)) & (layout::kMacroK - 1);
     // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are
     // discarded). Past K the staged X is zero (and so are the padded weights).
@@ -419,15 +412,6 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
   }
 }
 
-// compute_stage for a stage that starts at chunk `ph` of its K slice (a multiple of CH), with ph made a
-// compile-time constant: one branch per possible place.
-template <Format F, typename T, int NT, int RW, int CH, int... I>
-__device__ __forceinline__ void compute_stage_at(int ph, std::integer_sequence<int, I...>, const Stage<RW, CH>& st,
-                                                 const Scales<F, T> (&sc)[RW], const T* xs, const DecodeParams& p,
-                                                 int c0, int c_end, int g, int t, float (&acc)[RW][NT][4]) {
-  ((ph == I * CH ? (compute_stage<F, T, NT, RW, CH, I * CH>(st, sc, xs, p, c0, c_end, g, t, acc), 0) : 0), ...);
-}
-
 template <typename T, int NT, int RW>
 __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, int g, int t,
                                          const float (&acc)[RW][NT][4]) {
@@ -454,12 +438,12 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
 }
 
 // The next segment of a CTA's stream-K range starting at unit u: row group rg (in the launch's row-group
-// space), units [q0, q1) of its k_units. Advances u.
-__device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_units, int& rg, int& q0, int& q1) {
-  rg = int(u / k_units);
-  q0 = int(u % k_units);
-  q1 = int(u_end - u < int64_t(k_units - q0) ? q0 + (u_end - u) : k_units);
-  u += q1 - q0;
+// space), K slices [j0, j1). Advances u.
+__device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_macros, int& rg, int& j0, int& j1) {
+  rg = int(u / k_macros);
+  j0 = int(u % k_macros);
+  j1 = int(u_end - u < int64_t(k_macros - j0) ? j0 + (u_end - u) : k_macros);
+  u += j1 - j0;
 }
 
 // The segment's problem: the whole GEMM (lrg = rg), or (grouped) one expert's matrix and rows, with lrg
@@ -517,7 +501,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
 #pragma unroll
       for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
   sync();
-  const int64_t lo_u = int64_t(rg) * p.k_units, hi_u = lo_u + p.k_units - 1;
+  const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
   const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
   const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
   if (threadIdx.x == 0) {
@@ -538,7 +522,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
     for (int i = 0; i < kBatch; ++i) {
       const int64_t c = c0 + i;
       if (c > b_hi) break;
-      const int c_first_rg = int((c * units / G) / p.k_units);
+      const int c_first_rg = int((c * units / G) / p.k_macros);
       const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
 #pragma unroll
       for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
@@ -569,7 +553,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   griddep_launch_dependents();
   if constexpr (kGrouped) griddep_wait();
   units = p.units;
-  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_units;
+  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
   G = min(int64_t(gridDim.x), units);
   const int64_t b = blockIdx.x;
   if (b >= G) return false;
@@ -578,11 +562,9 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-// U: the stream-K unit in chunks (the host computes DecodeParams::k_units with the same unit).
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false, int U = 8>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
-  static_assert(U % CH == 0 && layout::kChunksPerMacro % U == 0, "a unit is whole stages inside one K slice");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -591,20 +573,19 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   T* x_smem = reinterpret_cast<T*>(x_smem_raw);  // [2][8*NT][kXRowElems]
   constexpr int kXBuf = 8 * NT * kXRowElems;
 
-  // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K unit) space, row-group major
-  // (a unit: unit_chunks 64-K chunks, a K slice by default).
+  // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
-  const int first_rg = int(u_begin / p.k_units);
+  const int first_rg = int(u_begin / p.k_macros);
   decode_trace_global(8);
   decode_trace(0);
   int seg = 0;
 
   for (int64_t u = u_begin; u < u_end; ++seg) {
-    int rg, q0, q1, lrg;
-    next_segment(u, u_end, p.k_units, rg, q0, q1);
+    int rg, j0, j1, lrg;
+    next_segment(u, u_end, p.k_macros, rg, j0, j1);
     DecodeParams q;
     segment_problem<T, kGrouped>(p, rg, q, lrg);
 
@@ -616,13 +597,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     zero_acc(acc);
 
     // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
-    // records are loaded one slice ahead and decoded when its first stage comes up. With units smaller
-    // than a slice a segment may start and end inside a slice (stages never straddle one: the unit is a
-    // multiple of the stage).
-    const int c_begin = q0 * U;
-    const int c_end = min(q1 * U, p.k_chunks);
-    const int j0 = c_begin / layout::kChunksPerMacro;
-    const int j1 = (c_end + layout::kChunksPerMacro - 1) / layout::kChunksPerMacro;
+    // records are loaded one slice ahead and decoded when its first stage comes up.
+    const int c_begin = j0 * layout::kChunksPerMacro;
+    const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
     ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
     load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
@@ -645,9 +622,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
         if (cs >= c_end) break;
         load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
         const int j = cs / layout::kChunksPerMacro;
-        if ((cs & (layout::kChunksPerMacro - 1)) == 0 || cs == c_begin) {
-          // Slice j starts (or the segment starts inside it): its X is complete and visible; every warp
-          // is done with slice j-1, whose buffer now receives slice j+1.
+        if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
+          // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
+          // buffer now receives slice j+1.
           cp_async_wait_all();
           __syncthreads();
           if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
@@ -655,20 +632,13 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
-        const T* xs = x_smem + (j & 1) * kXBuf;
-        if constexpr (U == layout::kChunksPerMacro) {
-          compute_stage<F, T, NT, RW, CH>(ring[d], sc, xs, q, cs, c_end, g, t, acc);  // c_begin: slice start
-        } else {  // the stage's place in its slice, as a compile-time constant
-          compute_stage_at<F, T, NT, RW, CH>(cs & (layout::kChunksPerMacro - 1),
-                                             std::make_integer_sequence<int, layout::kChunksPerMacro / CH>{},
-                                             ring[d], sc, xs, q, cs, c_end, g, t, acc);
-        }
+        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
         if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
       }
     }
     decode_trace(seg == 0 ? 2 : 5);
 
-    if (q0 == 0 && q1 == p.k_units) {  // the whole K: finish here
+    if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
       if (seg == 0) decode_trace(4);
       continue;

@@ -4,8 +4,7 @@
 //   Exactly decode_gemm_kernel's (decode_gemm.cuh): same DecodeParams, prepacked layout, stream-K split,
 //   deterministic fixup, epilogue and grouped (MoE) mode; only how the weights reach the registers differs.
 //   Launch with (WARPS + 1) * 32 threads and bulk_smem_bytes(WARPS, RW, S, NT) bytes of dynamic shared
-//   memory. The kernel body exists for sm_90 only; the dispatcher never picks it elsewhere. Stream-K
-//   units are whole K slices (unit_chunks = 8; configs.h checks the table).
+//   memory. The kernel body exists for sm_90 only; the dispatcher never picks it elsewhere.
 //
 // Why it is shaped this way
 //   The register-ring kernel issues its loads from the same warps that dequantise: a warp's next loads
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   int64_t units, G, u_begin, u_end;
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
-  const int first_rg = int(u_begin / p.k_units);
+  const int first_rg = int(u_begin / p.k_macros);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -128,7 +127,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
     int it = 0;
     for (int64_t u = u_begin; u < u_end;) {
       int rg, j0, j1, lrg;
-      next_segment(u, u_end, p.k_units, rg, j0, j1);  // units are whole K slices here
+      next_segment(u, u_end, p.k_macros, rg, j0, j1);
       DecodeParams q;
       segment_problem<T, kGrouped>(p, rg, q, lrg);
       const int rt0 = lrg * kTiles;
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
   int it = 0;
   for (int64_t u = u_begin; u < u_end;) {
     int rg, j0, j1, lrg;
-    next_segment(u, u_end, p.k_units, rg, j0, j1);
+    next_segment(u, u_end, p.k_macros, rg, j0, j1);
     DecodeParams q;
     segment_problem<T, kGrouped>(p, rg, q, lrg);
 
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][r][nt][e] += acc[1][r][nt][e];
 
-    if (j0 == 0 && j1 == p.k_units) {  // the whole K: finish here
+    if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc[0]);
       continue;
     }
