@@ -168,20 +168,25 @@ bool pdl_enabled_here() {
 
 }  // namespace detail
 
-Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t* bytes, int config) {
+namespace {
+// A workspace query: the plan's field `what` (its total, or the counters that lead it).
+Status workspace_query(int64_t m, const PackedWeight& w, DType act, int config, size_t detail::DecodePlan::*what,
+                       size_t* bytes) {
   if (!bytes) return Status::Invalid("bytes: must not be null");
   detail::DecodePlan plan;
   FP4KIT_RETURN_IF_ERROR(detail::make_plan(m, w, act, config, &plan));
-  *bytes = plan.workspace_bytes;
+  *bytes = plan.*what;
   return Status::Ok();
 }
+}  // namespace
 
+Status gemm_workspace_bytes(int64_t m, const PackedWeight& w, DType act, size_t* bytes, int config) {
+  return workspace_query(m, w, act, config, &detail::DecodePlan::workspace_bytes, bytes);
+}
+
+// The counters come first in every plan's workspace.
 Status gemm_workspace_zero_bytes(int64_t m, const PackedWeight& w, DType act, size_t* bytes, int config) {
-  if (!bytes) return Status::Invalid("bytes: must not be null");
-  detail::DecodePlan plan;
-  FP4KIT_RETURN_IF_ERROR(detail::make_plan(m, w, act, config, &plan));
-  *bytes = plan.counters_bytes;  // the counters come first in every plan's workspace
-  return Status::Ok();
+  return workspace_query(m, w, act, config, &detail::DecodePlan::counters_bytes, bytes);
 }
 
 Status gemm(const GemmArgs& a, cudaStream_t stream) {

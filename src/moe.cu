@@ -314,16 +314,16 @@ GroupedFn grouped_kernel(Format f, int n_tiles) {
 GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
   return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles) : grouped_kernel<__nv_bfloat16>(f, n_tiles);
 }
-int n_tiles_for(int64_t tokens) {
-  const int64_t t = std::min<int64_t>(tokens, kMoEBF16PassTokens);
-  return t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
-}
+// The grouped kernels' token tiles (of 8 rows: 1, 2, 4 or 8) that cover `rows` rows.
+int n_tiles_covering(double rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8; }
+// BF16 experts: a pass of up to kMoEBF16PassTokens tokens.
+int bf16_n_tiles(int64_t tokens) { return n_tiles_covering(double(std::min<int64_t>(tokens, kMoEBF16PassTokens))); }
 
 // FP4 experts on the decode path: token tiles covering a typical expert's rows of a pass, the mean plus
 // two standard deviations of uniform routing (experts with more rows take more schedule entries).
 int fp4_decode_n_tiles(int pairs, int max_active) {
-  const double mean = double(pairs) / max_active, need = mean + 2.0 * std::sqrt(mean) + 1.0;
-  return need <= 8 ? 1 : need <= 16 ? 2 : need <= 32 ? 4 : 8;
+  const double mean = double(pairs) / max_active;
+  return n_tiles_covering(mean + 2.0 * std::sqrt(mean) + 1.0);
 }
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
@@ -430,7 +430,6 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
   p.max_entries = p.max_active;
-  const int n_tiles = n_tiles_for(a.tokens);
   p.pdl = detail::pdl_enabled_here();
   if (p.tc) {
     // Token tile (unless a.token_tile says): 256 rows where an expert has >= 384 of the pass on average,
@@ -445,6 +444,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
     p.sms = p.tgu.sms;
   } else if (p.bf16) {
+    const int n_tiles = bf16_n_tiles(a.tokens);
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
     p.sms = p.bgu.sms;
