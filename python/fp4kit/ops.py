@@ -293,7 +293,7 @@ _moe_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
 def _moe_workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
-    return torch_ops._workspace(device, stream, nbytes, _moe_workspaces, zeroed=False)
+    return torch_ops._workspace(device, stream, nbytes, _moe_workspaces, zero_bytes=0)
 
 
 def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,

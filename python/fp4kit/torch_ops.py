@@ -70,23 +70,22 @@ _workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
 
 
 def _workspace(device: torch.device, stream: int, nbytes: int,
-               cache: Optional[Dict[Tuple[int, int], torch.Tensor]] = None, zeroed: bool = True,
+               cache: Optional[Dict[Tuple[int, int], torch.Tensor]] = None,
                zero_bytes: Optional[int] = None) -> torch.Tensor:
     """The scratch buffer of a call on (device, stream): from `cache` (default: the GEMM's), grown when too
-    small. `zeroed`: the op needs it zero-filled (the GEMM, which leaves it zeroed); otherwise the op
-    initialises what it relies on (the MoE layer). `zero_bytes`: of a zeroed one, the leading bytes the
-    op needs zero (gemm_workspace_zero_bytes; None: all), which is what a fresh buffer gets cleared."""
-    new = torch.zeros if zeroed else torch.empty
+    small. `zero_bytes`: the leading bytes the op needs zero when it starts (None: all; 0: none, the op
+    initialises what it relies on, as the MoE layer does). The GEMM leaves them zero after every call, so a
+    cached buffer is cleared once, when it is made."""
     if torch.cuda.is_current_stream_capturing():
         # Inside a CUDA graph capture: a fresh buffer from the graph's private pool, so the graph never
         # shares scratch memory with eager calls (or other graphs). Its captured memset clears only what
-        # the op reads before writing (the arrival counters: up to 64 KiB, not megabytes of scratch).
-        if not zeroed or zero_bytes is None:
-            return new(nbytes, dtype=torch.uint8, device=device)
+        # the op reads before writing (the GEMM's arrival counters: up to 64 KiB, not megabytes of scratch).
         ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if zero_bytes:
-            ws[:zero_bytes].zero_()
+        clear = nbytes if zero_bytes is None else min(zero_bytes, nbytes)
+        if clear:
+            ws[:clear].zero_()
         return ws
+    new = torch.empty if zero_bytes == 0 else torch.zeros
     cache = _workspaces if cache is None else cache
     key = (device.index, stream)
     ws = cache.get(key)
