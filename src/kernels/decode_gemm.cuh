@@ -302,19 +302,31 @@ template <int RW, int CH> struct Stage {
   uint4 w[RW][CH];
 };
 
+// Row tiles past the matrix (idle warps of the last row group) read the matrix's last tile instead of
+// being masked: their products are never stored (epilogue and fixup skip rows >= n), and an unmasked load
+// costs the hot loop no predicate and no zero fill per record. Chunks past c_end (only in a K slice cut
+// short by K) are zero: compute_stage then runs every stage in full, with no test per chunk.
+__device__ __forceinline__ int64_t load_tile(const DecodeParams& p, int rt) { return min(rt, p.row_tiles - 1); }
+
 template <int RW, int CH>
 __device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams& p, const int* rt, int c0,
                                            int c_end, int lane, uint64_t pol) {
+  if (c0 + CH <= c_end) {
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    const bool ok = rt[r] < p.row_tiles;
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+      for (int i = 0; i < CH; ++i)
+        st.w[r][i] = ld_stream(p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0 + i) * 32 + lane, pol);
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
       const int c = c0 + i;
-      st.w[r][i] = (ok && c < c_end) ? ld_stream(p.weights + (int64_t(rt[r]) * p.k_chunks + c) * 32 + lane, pol)
-                                     : make_uint4(0, 0, 0, 0);
+      st.w[r][i] = c < c_end ? ld_stream(p.weights + (load_tile(p, rt[r]) * p.k_chunks + c) * 32 + lane, pol)
+                             : make_uint4(0, 0, 0, 0);
     }
-  }
 }
 
 // The first stage's records into L2 (no registers held), for D = 1 rings before a programmatic wait.
@@ -332,10 +344,7 @@ template <Format F, int RW>
 __device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], const DecodeParams& p,
                                                    const int* rt, int j, int lane, uint64_t pol) {
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    if (rt[r] < p.row_tiles) rec[r].load(p.scales, (int64_t(rt[r]) * p.k_macros + j) * 32 + lane, pol);
-    else rec[r].zero();
-  }
+  for (int r = 0; r < RW; ++r) rec[r].load(p.scales, (load_tile(p, rt[r]) * p.k_macros + j) * 32 + lane, pol);
 }
 
 // X staging: a CTA's warps all walk the same K slice, so the slice of X (all m tokens x 512 K) is
@@ -370,14 +379,16 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int
   cp_async_commit();
 }
 
-template <Format F, typename T, int NT, int RW, int CH>
+// kStopAtEnd: the stage may hold chunks past c_end that are not zero (the bulk kernel's stale shared
+// memory), so stop there; the register ring's loads zero them instead (load_stage) and run in full.
+template <Format F, typename T, int NT, int RW, int CH, bool kStopAtEnd = false>
 __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
                                               const T* xs, const DecodeParams& p, int c0, int c_end, int g,
                                               int t, float (&acc)[RW][NT][4]) {
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
     const int c = c0 + i;
-    if (c >= c_end) break;
+    if (kStopAtEnd && c >= c_end) break;
     const int cc = c & (layout::kChunksPerMacro - 1);
     const int kl = int(layout::lane_kbase(F, c, t)) & (layout::kMacroK - 1);
     // B fragments: this lane's 16 K values of token (8*nt + g), clamped to a real row (extra columns are

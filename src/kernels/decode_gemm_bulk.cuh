@@ -198,7 +198,7 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
             w.w[r][i] = ok ? lds128(st + (warp * RW + r) * kBulkTileBytes + (h * CH + i) * 512 + lane * 16)
                            : make_uint4(0, 0, 0, 0);
         }
-        compute_stage<F, T, NT, RW, CH>(w, sc, xs, q, cs, c_end, g, t, acc[h & 1]);
+        compute_stage<F, T, NT, RW, CH, true>(w, sc, xs, q, cs, c_end, g, t, acc[h & 1]);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);  // this warp no longer reads stage s
