@@ -275,9 +275,19 @@ template <typename T> struct Scales<Format::kMXFP4, T> {
   __device__ __forceinline__ uint32_t get(int cc) const { return v[cc / 2]; }
 };
 
-// {x, x} from the low or high half of a 16x2 register (folds into the multiply's operand selector).
-__device__ __forceinline__ uint32_t dup_lo(uint32_t v) { return __byte_perm(v, 0, 0x1010); }
-__device__ __forceinline__ uint32_t dup_hi(uint32_t v) { return __byte_perm(v, 0, 0x3232); }
+// {x, x} from the low or high half of a 16x2 register. Written as an unpack and repack of the halves,
+// ptxas folds it into the consuming multiply's operand selector (HMUL2 R, R, S.H0_H0: no instruction);
+// a byte permute stays a PRMT of its own (SASS of both forms compared on sm_90a).
+__device__ __forceinline__ uint32_t dup_lo(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l};}" : "=r"(d) : "r"(v));
+  return d;
+}
+__device__ __forceinline__ uint32_t dup_hi(uint32_t v) {
+  uint32_t d;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h};}" : "=r"(d) : "r"(v));
+  return d;
+}
 
 template <Format F> struct ScaleRecord;
 template <> struct ScaleRecord<Format::kNVFP4> {
