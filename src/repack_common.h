@@ -68,5 +68,36 @@ FP4KIT_HD int mx_emax_of(float out_scale) {
   return e2 + 127;
 }
 
+// NVFP4 block scales as the kernel stores them: non-negative and normalised, a 5-bit exponent and the 3
+// mantissa bits. An E4M3 magnitude 2^E * (1 + m/8), E in [-9, 8] (subnormals normalised), is stored as
+// ((E + 20) << 3) | m, so that the kernel builds its multiplier with one shift and one mask: s * 2^117 as
+// BF16 is (code << 4) | 0x7000 (exponent field E + 244), s * 2^5 as FP16 is code << 7 (exponent field
+// E + 20). No multiply, no sign. The sign goes into the block's codes instead (-s * c = s * -c, exact);
+// a zero scale zeroes its block's codes (the multiplier of code 0 is not zero, the products are).
+// Codes 0 / 1 keep +0 / -0 and 0xFF / 0xFE the NaNs 0x7F / 0xFF, so unpack restores those bytes.
+FP4KIT_HD uint8_t nvfp4_scale_code(uint8_t e4m3) {
+  if (E4M3::is_nan(e4m3)) return (e4m3 & 0x80u) ? 0xFE : 0xFF;  // the row's out_scale is NaN anyway
+  const uint32_t e = (e4m3 >> 3) & 0xFu, m = e4m3 & 7u;
+  if (e == 0 && m == 0) return (e4m3 & 0x80u) ? 1 : 0;
+  if (e != 0) return uint8_t(((e - 7 + 20) << 3) | m);
+  const int h = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // subnormal m * 2^-9 = 2^(h-9) * (m / 2^h)
+  return uint8_t(((h - 9 + 20) << 3) | ((m << (3 - h)) & 7u));
+}
+// The E4M3 byte of a stored code (positive: a negative scale comes back positive, its codes negated).
+FP4KIT_HD uint8_t nvfp4_scale_byte(uint8_t code) {
+  if (code >= 0xFE) return code == 0xFF ? 0x7F : 0xFF;
+  if (code <= 1) return code ? 0x80 : 0x00;
+  const int E = int(code >> 3) - 20;
+  const uint32_t m = code & 7u;
+  if (E >= -6) return uint8_t((uint32_t(E + 7) << 3) | m);
+  return uint8_t((8u | m) >> (-6 - E));  // back to a subnormal (exact: it came from one)
+}
+// A code of a block with E4M3 scale `scale` as prepack stores it (see nvfp4_scale_code).
+FP4KIT_HD uint8_t nvfp4_block_code(uint8_t code, uint8_t scale) {
+  if (E4M3::is_nan(scale)) return code;
+  if ((scale & 0x7Fu) == 0) return 0;
+  return (scale & 0x80u) ? uint8_t(code ^ 8u) : code;
+}
+
 }  // namespace detail
 }  // namespace fp4kit

@@ -87,7 +87,8 @@ Status prepack_cpu(const PrepackArgs& a) {
               const int64_t row = rt * 16 + layout::pair_row(g, p);
               const int64_t col = kbase + layout::pair_k(s, p, h);
               if (row >= a.n || col >= a.k) continue;  // padding stays zero
-              const uint8_t code = code_at(a.packed, a.k, row, col);
+              uint8_t code = code_at(a.packed, a.k, row, col);
+              if (a.format == Format::kNVFP4) code = detail::nvfp4_block_code(code, a.scales[row * groups + col / 16]);
               for (int b = 0; b < 4; ++b)
                 if ((code >> b) & 1) words[s] |= 1u << layout::bit_position(p, h, b);
             }
@@ -110,7 +111,7 @@ Status prepack_cpu(const PrepackArgs& a) {
             const int64_t row = rt * 16 + g + 8 * half;
             if (row >= a.n) continue;
             uint8_t v = a.scales[row * groups + grp];
-            if (a.format == Format::kMXFP4) v = uint8_t(detail::mx_rebase(v, emax[size_t(row)]));
+            v = a.format == Format::kMXFP4 ? uint8_t(detail::mx_rebase(v, emax[size_t(row)])) : detail::nvfp4_scale_code(v);
             rec[layout::scale_byte(a.format, cc, half)] = v;
           }
         }
@@ -166,6 +167,7 @@ Status unpack_cpu(Format format, int64_t n, int64_t k, const void* src, uint8_t*
             if (row >= n) continue;
             uint8_t v = rec[layout::scale_byte(format, cc, half)];
             if (format == Format::kMXFP4 && v != 0xFF) v = uint8_t(int(v) + mx_emax[size_t(row)] - 254);
+            if (format == Format::kNVFP4) v = detail::nvfp4_scale_byte(v);
             scales[row * groups + grp] = v;
           }
         }

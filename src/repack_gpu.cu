@@ -41,7 +41,7 @@ __global__ void row_factor_kernel(Format f, int64_t n, int64_t n_pad, int64_t gr
 }
 
 __global__ void weight_kernel(Format f, int64_t n, int64_t k, int64_t row_tiles, int64_t k_chunks,
-                              const uint8_t* packed, uint4* wdst) {
+                              const uint8_t* packed, const uint8_t* scales, uint4* wdst) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (rt, c, lane)
   if (idx >= row_tiles * k_chunks * 32) return;
   const int lane = int(idx & 31);
@@ -57,7 +57,8 @@ __global__ void weight_kernel(Format f, int64_t n, int64_t k, int64_t row_tiles,
       for (int h = 0; h < 2; ++h) {
         const int64_t row = rt * 16 + layout::pair_row(g, p), col = kbase + layout::pair_k(s, p, h);
         if (row >= n || col >= k) continue;
-        const uint32_t code = code_at(packed, k, row, col);
+        uint32_t code = code_at(packed, k, row, col);
+        if (f == Format::kNVFP4) code = detail::nvfp4_block_code(uint8_t(code), scales[row * (k / 16) + col / 16]);
 #pragma unroll
         for (int b = 0; b < 4; ++b) w[s] |= ((code >> b) & 1u) << layout::bit_position(p, h, b);
       }
@@ -81,7 +82,8 @@ __global__ void scale_kernel(Format f, int64_t n, int64_t groups, int64_t row_ti
       const int64_t row = rt * 16 + g + 8 * half;
       if (row >= n) continue;
       uint8_t v = scales[row * groups + grp];
-      if (f == Format::kMXFP4) v = uint8_t(detail::mx_rebase(v, detail::mx_emax_of(out_scale[row])));
+      v = f == Format::kMXFP4 ? uint8_t(detail::mx_rebase(v, detail::mx_emax_of(out_scale[row])))
+                              : detail::nvfp4_scale_code(v);
       rec[layout::scale_byte(f, cc, half)] = v;
     }
   }
@@ -103,7 +105,7 @@ Status prepack_gpu(const PrepackArgs& a, cudaStream_t stream) {
   row_factor_kernel<<<blocks_for(l.n_pad, kThreads), kThreads, 0, stream>>>(
       a.format, a.n, l.n_pad, groups, a.scales, a.tensor_scale, a.row_tensor_scale, out_scale);
   weight_kernel<<<blocks_for(l.row_tiles * l.k_chunks * 32, kThreads), kThreads, 0, stream>>>(
-      a.format, a.n, a.k, l.row_tiles, l.k_chunks, a.packed, reinterpret_cast<uint4*>(dst + l.weights_offset));
+      a.format, a.n, a.k, l.row_tiles, l.k_chunks, a.packed, a.scales, reinterpret_cast<uint4*>(dst + l.weights_offset));
   scale_kernel<<<blocks_for(l.row_tiles * l.k_macros * 32, kThreads), kThreads, 0, stream>>>(
       a.format, a.n, groups, l.row_tiles, l.k_chunks, l.k_macros, a.scales, out_scale, dst + l.scales_offset);
   const cudaError_t e = cudaGetLastError();

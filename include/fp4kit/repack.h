@@ -10,7 +10,9 @@
 //     src/kernels/decode_layout.h for the bit layout, chosen so that E2M1 -> BF16 is a mask).
 //   scales  [RT][KM = ceil(k_pad/512)][32 lanes][SB] (SB = 16 for NVFP4, 8 for MXFP4): the block
 //     scales each lane needs for one 512-wide slice of K.
-//     NVFP4 keeps the E4M3 byte as is (sign, subnormals and NaN are decoded in the kernel).
+//     NVFP4 stores each E4M3 scale re-encoded for a two-instruction decode: non-negative, subnormals
+//     normalised (a 5-bit exponent and the 3 mantissa bits). A negative scale's sign moves into its
+//     block's codes (-s * c = s * -c, exact), and a zero scale zeroes its block's codes.
 //     MXFP4 stores e' = e - emax(row) + 254 (255 stays the NaN marker), so that every scale of a row is a
 //     representable BF16/FP16 power of two; a block more than 2^120 below its row's largest is flushed
 //     to zero (its contribution is below fp32 resolution of the row).
@@ -69,8 +71,10 @@ Status prepack_cpu(const PrepackArgs& a);
 // Device memory in and out; asynchronous on `stream`, no host sync, no allocation.
 Status prepack_gpu(const PrepackArgs& a, cudaStream_t stream);
 
-// Inverse (CPU): unpack a packed buffer back to the checkpoint layout. For NVFP4 `scales` gets the
-// original E4M3 bytes; for MXFP4 the original E8M0 bytes are restored when no block was flushed.
+// Inverse (CPU): unpack a packed buffer back to the checkpoint layout, with the same dequantised values.
+// NVFP4 restores every byte except where prepack rewrote a block exactly: a negative scale comes back
+// positive with its block's codes negated, and a zero scale's block comes back with zero codes (the
+// zero and NaN scale bytes themselves are restored). MXFP4 restores every byte when no block was flushed.
 // Used by the round-trip tests.
 Status unpack_cpu(Format format, int64_t n, int64_t k, const void* src, uint8_t* packed, uint8_t* scales);
 

@@ -219,9 +219,10 @@ template <> struct Act<__half> {
 //
 // Prepack put the scales of one unit (NVFP4: a chunk; MXFP4: a chunk pair) for rows g and g+8 in the even
 // (or odd) bytes of a 32-bit word, so a mask turns two scales into one 16x2 register {row g, row g+8}:
-//   NVFP4, BF16: E4M3 bits moved to bf16 position read as |s| * 2^-120 (subnormals included), sign at 15;
-//                two exact bf16x2 multiplies (2^120, 2^117) give s * 2^117.
-//   NVFP4, FP16: E4M3 bits at fp16 position read as s * 2^-8; one multiply by 2^13 gives s * 2^5.
+//   NVFP4: prepack stored each scale as ((E + 20) << 3) | m for |s| = 2^E (1 + m/8), the sign folded
+//          into the block's codes (repack_common.h: nvfp4_scale_code). BF16: those bits at 4..11 with
+//          exponent bits 12..14 set read as |s| * 2^117; FP16: at bits 7..14 they read as |s| * 2^5.
+//          One shift and one mask, no multiply, subnormal scales included (prepack normalised them).
 //   MXFP4, BF16: the re-based exponent e' at bf16 exponent position is 2^(e'-127) directly.
 //   MXFP4, FP16: 2^(e'-239) may be an fp16 subnormal: computed in fp32 and converted.
 // NaN scales need no test here: prepack made the row's out_scale NaN.
@@ -238,17 +239,9 @@ template <typename T> struct Scales<Format::kNVFP4, T> {
   // {s_g, s_g8} of chunk cc: the even bytes of word cc/2 for even cc, the odd bytes for odd cc.
   __device__ __forceinline__ uint32_t get(int cc) const {
     const uint32_t x = w[cc >> 1];
-    if (std::is_same<T, __nv_bfloat16>::value) {
-      const uint32_t raw = (cc & 1) ? ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u)
-                                    : ((x << 4) & 0x07F007F0u) | ((x << 8) & 0x80008000u);
-      constexpr uint32_t k120 = 0x7B807B80u, k117 = 0x7A007A00u;  // bf16x2 {2^120}, {2^117}
-      return Act<T>::mul2(Act<T>::mul2(raw, k120), k117);
-    } else {
-      const uint32_t raw = (cc & 1) ? ((x >> 1) & 0x3F803F80u) | (x & 0x80008000u)
-                                    : ((x << 7) & 0x3F803F80u) | ((x << 8) & 0x80008000u);
-      constexpr uint32_t k13 = 0x70007000u;  // fp16x2 {2^13}
-      return Act<T>::mul2(raw, k13);
-    }
+    if (std::is_same<T, __nv_bfloat16>::value)
+      return (((cc & 1) ? x >> 4 : x << 4) & 0x0FF00FF0u) | 0x70007000u;
+    return ((cc & 1) ? x >> 1 : x << 7) & 0x7F807F80u;
   }
 };
 

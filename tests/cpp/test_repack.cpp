@@ -1,8 +1,10 @@
 // test_repack.cpp: the prepacked layout on the CPU: every value lands where decode_layout.h says (and X's
 // lane order matches the records' K order), the
-// round trip prepack -> unpack is bit-exact (both formats, shapes off every tile), padding is zero, the
+// round trip prepack -> unpack restores every byte but the blocks prepack rewrites exactly (NVFP4
+// negative and zero scales) and the same values (both formats, shapes off every tile), padding is zero, the
 // per-row factors follow repack.h, and bad arguments are rejected with their rule.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -10,6 +12,7 @@
 
 #include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
+#include "repack_common.h"
 #include "testing.h"
 
 using namespace fp4kit;
@@ -29,7 +32,71 @@ Ckpt random_ckpt(Format f, int64_t n, int64_t k) {
   for (auto& v : c.scales) v = uint8_t(f == Format::kMXFP4 ? 100 + b(rng()) % 60 : b(rng()) & 0xFE);
   return c;
 }
+
+// What unpack returns for a checkpoint, from the spec: NVFP4 blocks with a negative scale come back with
+// the positive scale and negated codes, blocks with a zero scale with zero codes (repack.h); every other
+// byte as it was.
+Ckpt expected_unpack(Format f, const Ckpt& c, int64_t n, int64_t k) {
+  Ckpt e = c;
+  if (f != Format::kNVFP4) return e;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t col = 0; col < k; ++col) {
+      uint8_t& sc = e.scales[size_t(r * (k / 16) + col / 16)];
+      const uint8_t s0 = c.scales[size_t(r * (k / 16) + col / 16)];
+      if (E4M3::is_nan(s0)) continue;
+      uint8_t& b = e.packed[size_t(r * (k / 2) + col / 2)];
+      const int sh = (col & 1) ? 4 : 0;
+      uint8_t code = uint8_t((b >> sh) & 0xF);
+      if ((s0 & 0x7F) == 0) code = 0;
+      else if (s0 & 0x80) code ^= 8;
+      b = uint8_t((b & ~(0xF << sh)) | (code << sh));
+      if ((s0 & 0x7F) != 0) sc = uint8_t(s0 & 0x7F);
+    }
+  return e;
+}
+
+// The dequantised values of two checkpoints are the same (+0 == -0, NaN == NaN).
+bool same_values(Format f, const Ckpt& a, const Ckpt& b, int64_t n, int64_t k) {
+  const int gs = group_size(f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t col = 0; col < k; ++col) {
+      const size_t bi = size_t(r * (k / 2) + col / 2), si = size_t(r * (k / gs) + col / gs);
+      const int sh = (col & 1) ? 4 : 0;
+      const float va = dequant_element(f, uint8_t((a.packed[bi] >> sh) & 0xF), a.scales[si], 1.0f);
+      const float vb = dequant_element(f, uint8_t((b.packed[bi] >> sh) & 0xF), b.scales[si], 1.0f);
+      if (!(va == vb || (std::isnan(va) && std::isnan(vb)))) return false;
+    }
+  return true;
+}
 }  // namespace
+
+// The NVFP4 scale as prepack stores it: for every E4M3 byte, the kernel's two-instruction decodes give
+// |s| * 2^117 (BF16: code << 4 | 0x7000) and |s| * 2^5 (FP16: code << 7) exactly, and unpack's inverse
+// restores positive, zero and NaN bytes (a negative scale comes back positive).
+TEST(nvfp4_scale_code_decodes_exactly) {
+  auto bf16 = [](uint32_t bits) { return detail::bits_to_float(bits << 16); };
+  auto fp16 = [](uint32_t h) {
+    const int e = int((h >> 10) & 31), m = int(h & 1023);
+    return e == 31 ? (m ? detail::quiet_nan() : INFINITY) : e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(1024 + m), e - 25);
+  };
+  for (int v = 0; v < 256; ++v) {
+    const uint8_t b = uint8_t(v), code = detail::nvfp4_scale_code(b);
+    const float s = E4M3::decode(b);
+    if (E4M3::is_nan(b)) {
+      CHECK(std::isnan(bf16((uint32_t(code) << 4) | 0x7000u)));
+      CHECK(std::isnan(fp16(uint32_t(code) << 7)));
+      CHECK_EQ(int(detail::nvfp4_scale_byte(code)), v);
+      continue;
+    }
+    if (s == 0.0f) {
+      CHECK_EQ(int(detail::nvfp4_scale_byte(code)), v);  // the block's codes are zeroed instead
+      continue;
+    }
+    CHECK_EQ(bf16((uint32_t(code) << 4) | 0x7000u), std::ldexp(std::fabs(s), 117));
+    CHECK_EQ(fp16(uint32_t(code) << 7), std::ldexp(std::fabs(s), 5));
+    CHECK_EQ(int(detail::nvfp4_scale_byte(code)), v & 0x7F);
+  }
+}
 
 // Every bit of every value sits at exactly one position: the layout is a bijection.
 TEST(bit_positions_are_a_bijection) {
@@ -74,7 +141,7 @@ TEST(lane_order_is_the_records_k_order) {
   }
 }
 
-TEST(round_trip_bit_exact) {
+TEST(round_trip_restores_bytes_and_values) {
   struct S { int64_t n, k; };
   const S shapes[] = {{16, 64}, {17, 96}, {1, 32}, {40, 2880}, {33, 1056}, {128, 512}, {5, 4128}};
   for (Format f : {Format::kNVFP4, Format::kMXFP4})
@@ -96,8 +163,10 @@ TEST(round_trip_bit_exact) {
       CHECK_OK(prepack_cpu(a));
       std::vector<uint8_t> p2(c.packed.size()), s2(c.scales.size());
       CHECK_OK(unpack_cpu(f, s.n, s.k, buf.data(), p2.data(), s2.data()));
-      CHECK_MSG(p2 == c.packed, format_name(f) << " " << s.n << "x" << s.k << ": codes differ");
-      CHECK_MSG(s2 == c.scales, format_name(f) << " " << s.n << "x" << s.k << ": scales differ");
+      const Ckpt want = expected_unpack(f, c, s.n, s.k);
+      CHECK_MSG(p2 == want.packed, format_name(f) << " " << s.n << "x" << s.k << ": codes differ");
+      CHECK_MSG(s2 == want.scales, format_name(f) << " " << s.n << "x" << s.k << ": scales differ");
+      CHECK_MSG(same_values(f, c, Ckpt{p2, s2}, s.n, s.k), format_name(f) << " " << s.n << "x" << s.k << ": values differ");
       // Row factors: NVFP4 ts * 2^9; MXFP4 2^(emax - 128); padding rows 0.
       const float* os = reinterpret_cast<const float*>(buf.data() + l.out_scale_offset);
       const int64_t groups = s.k / group_size(f);
@@ -114,7 +183,7 @@ TEST(round_trip_bit_exact) {
     }
 }
 
-// A NaN block scale makes its row's factor NaN; unpack still restores the original bytes.
+// A NaN block scale makes its row's factor NaN; unpack still restores its byte.
 TEST(nan_scale_rows) {
   for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
     const int64_t n = 20, k = 256, groups = k / group_size(f);
@@ -136,8 +205,9 @@ TEST(nan_scale_rows) {
     for (int64_t r = 0; r < n; ++r) CHECK_EQ(std::isnan(os[r]), r == 3 || r == 9);
     std::vector<uint8_t> p2(c.packed.size()), s2(c.scales.size());
     CHECK_OK(unpack_cpu(f, n, k, buf.data(), p2.data(), s2.data()));
-    CHECK(p2 == c.packed);
-    CHECK(s2 == c.scales);
+    const Ckpt want = expected_unpack(f, c, n, k);
+    CHECK(p2 == want.packed);
+    CHECK(s2 == want.scales);
   }
 }
 

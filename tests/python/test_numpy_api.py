@@ -133,8 +133,8 @@ def test_prepack_unpack_bit_exact(fmt, n, k):
     rng = np.random.default_rng(n * k)
     g = fp4kit.group_size(fmt)
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-    if fmt == "nvfp4":  # finite, non-negative E4M3 scales (0x00..0x7E): sign and NaN have their own tests
-        scales = rng.integers(0, 0x7F, (n, k // g), dtype=np.uint8)
+    if fmt == "nvfp4":  # finite positive E4M3 scales (0x01..0x7E): prepack rewrites the blocks of negative and
+        scales = rng.integers(1, 0x7F, (n, k // g), dtype=np.uint8)  # zero scales (their own test below)
     else:  # E8M0 within 2^40 of each other: no block is flushed, so unpack restores every byte
         scales = rng.integers(107, 148, (n, k // g), dtype=np.uint8)
     ts = 0.5 if fmt == "nvfp4" else None
@@ -146,6 +146,26 @@ def test_prepack_unpack_bit_exact(fmt, n, k):
     np.testing.assert_array_equal(p2, packed)
     np.testing.assert_array_equal(s2, scales)
     assert np.array_equal(fp4kit.prepack(packed, scales, ts, fmt), buf)  # deterministic
+
+
+def test_prepack_unpack_negative_and_zero_scales():
+    # NVFP4 blocks with negative or zero scales: prepack stores the sign in the codes and zeroes the codes
+    # of zero-scale blocks; unpack gives the same dequantised values, the positive scale byte for a
+    # negative one, and the +-0 and NaN scale bytes themselves.
+    rng = np.random.default_rng(7)
+    n, k = 24, 160
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0, 256, (n, k // 16), dtype=np.uint8)
+    scales[(scales & 0x7F) == 0x7F] = 0x3C  # no NaN here: NaN rows are compared apart below
+    scales[0, :3] = [0x00, 0x80, 0x81]
+    p2, s2 = fp4kit.unpack(fp4kit.prepack(packed, scales, 1.0, "nvfp4"), n, k, "nvfp4")
+    want = fp4kit.dequantize(packed, scales, 1.0, "nvfp4")
+    np.testing.assert_array_equal(fp4kit.dequantize(p2, s2, 1.0, "nvfp4"), want)  # +0 == -0
+    neg = (scales & 0x80) != 0
+    np.testing.assert_array_equal(s2, np.where(neg & ((scales & 0x7F) != 0), scales & 0x7F, scales))
+    scales[3, 2] = 0xFF
+    p3, s3 = fp4kit.unpack(fp4kit.prepack(packed, scales, 1.0, "nvfp4"), n, k, "nvfp4")
+    assert s3[3, 2] == 0xFF
 
 
 # ---- argument errors -------------------------------------------------------------------------------------
