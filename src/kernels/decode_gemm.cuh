@@ -314,14 +314,22 @@ __device__ __forceinline__ int64_t load_tile(const DecodeParams& p, int rt) { re
 template <int RW, int CH>
 __device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams& p, const int* rt, int c0,
                                            int c_end, int lane, uint64_t pol) {
-  const bool full = c0 + CH <= c_end;
+  // One base address per row tile, the chunks at constant offsets (immediates of the loads). Two
+  // branches, not one predicated form: the zero fill would otherwise run on every stage.
+  if (c0 + CH <= c_end) {
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    // One base address per row tile, the chunks at constant offsets (immediates of the loads).
-    const uint4* src = p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0) * 32 + lane;
+    for (int r = 0; r < RW; ++r) {
+      const uint4* src = p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0) * 32 + lane;
 #pragma unroll
-    for (int i = 0; i < CH; ++i)
-      st.w[r][i] = full || c0 + i < c_end ? ld_stream(src + i * 32, pol) : make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < CH; ++i) st.w[r][i] = ld_stream(src + i * 32, pol);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const uint4* src = p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0) * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < CH; ++i) st.w[r][i] = c0 + i < c_end ? ld_stream(src + i * 32, pol) : make_uint4(0, 0, 0, 0);
+    }
   }
 }
 
