@@ -67,6 +67,10 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // Half-size CTAs (64- and 128-row groups): twice the row groups, for layers whose 8-warp row groups
     // x K slices leave resident CTAs idle or split K many ways.
     {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1, kRing},
+    // Whole-slice double buffer: slice j+1's records load while slice j is multiplied (64 ring registers,
+    // two CTAs per SM), so a warp's load and compute phases overlap instead of alternating.
+    {33, "m8_r1_w8_b2_c8x2", 1, 1, 8, 2, 8, 2, kRing},
+    {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
     {11, "m16_r2_w4_b4_c4x2", 2, 2, 4, 4, 4, 2, kRing},
     // Bulk pipeline (sm_90): one producer warp keeps S whole K slices of the row group in flight through
     // shared memory, across segment boundaries and stream-K fixups; consumers read records with one
