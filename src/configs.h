@@ -69,8 +69,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1, kRing},
     // Whole-slice double buffer at m <= 16: slice j+1's records load while slice j is multiplied (64
     // ring registers, two CTAs per SM). Same run against the defaults at 06fda22 (Llama-70B NVFP4,
-    // bench/results/sweep_c8x2_06fda22_*.json vs sweep_v13_06fda22_default_*): m = 16 down 55.2 / 54.9 vs 59.7 / 59.8 us, qkv -2%,
-    // o +3%, gate_up even; a tuning-table candidate, not the default (the MoE layer takes the first entry).
+    // bench/results/sweep_c8x2_06fda22_*.json vs sweep_v13_06fda22_default_*.json): m = 16 down
+    // 55.2 / 54.9 vs 59.7 / 59.8 us, qkv -2%, o +3%, gate_up even; a tuning-table candidate, not the
+    // default (the MoE layer takes the first entry).
     // Its m <= 8 twin (id 33) was 5-9% slower than the c8x1 default on every layer and is gone.
     {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
     {11, "m16_r2_w4_b4_c4x2", 2, 2, 4, 4, 4, 2, kRing},
