@@ -115,7 +115,11 @@ def prepack(packed, scales, tensor_scale=None, format: str = "nvfp4", row_tensor
 
 
 def unpack(buffer: np.ndarray, n: int, k: int, format: str = "nvfp4") -> Tuple[np.ndarray, np.ndarray]:
-    """Kernel layout -> checkpoint layout (packed, scales); the inverse of prepack."""
+    """Kernel layout -> checkpoint layout (packed, scales), with the values prepack was given.
+
+    Every byte comes back, except NVFP4 blocks prepack rewrites exactly: a negative scale returns positive
+    with the block's codes negated, a zero scale's block returns zero codes (fp4kit/repack.h); MXFP4 blocks
+    flushed to zero by the per-row re-basing return their flushed bytes."""
     return _C.unpack_cpu(format, n, k, buffer)
 
 
