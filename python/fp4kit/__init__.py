@@ -118,8 +118,8 @@ def unpack(buffer: np.ndarray, n: int, k: int, format: str = "nvfp4") -> Tuple[n
     """Kernel layout -> checkpoint layout (packed, scales), with the values prepack was given.
 
     Every byte comes back, except NVFP4 blocks prepack rewrites exactly: a negative scale returns positive
-    with the block's codes negated, a zero scale's block returns zero codes (fp4kit/repack.h); MXFP4 blocks
-    flushed to zero by the per-row re-basing return their flushed bytes."""
+    with the block's codes negated, a zero scale's block returns zero codes; MXFP4 scales more than 2^120
+    below their row's largest were flushed and return changed (fp4kit/repack.h)."""
     return _C.unpack_cpu(format, n, k, buffer)
 
 
