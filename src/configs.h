@@ -55,6 +55,13 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing},
     {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, kRing},
     {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4, kRing},
+    // m <= 16: the whole-slice double buffer first (slice j+1's records load while slice j is multiplied;
+    // 64 ring registers, two CTAs per SM). Against c4x2 at m = 16 (NVFP4, same runs): Llama-70B down
+    // 55.2 / 54.9 vs 59.7 / 59.8 us and qkv -2% (bench/results/sweep_c8x2_06fda22_*.json vs
+    // sweep_v13_06fda22_default_*.json), Llama-8B gate_up 31.4 vs 33.5 us; o 3-4% slower. With c4x2 first,
+    // 70B down and 8B gate_up ran 8% and 7% behind the table's best (bench/results/sweep_all_*.json).
+    // Its m <= 8 twin (m8_r1_w8_b2_c8x2) was 5-9% slower than c8x1 on every layer and is gone.
+    {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
     {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, kRing},
     {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2, kRing},
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, kRing},
@@ -67,13 +74,6 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // Half-size CTAs (64- and 128-row groups): twice the row groups, for layers whose 8-warp row groups
     // x K slices leave resident CTAs idle or split K many ways.
     {10, "m8_r1_w4_b6_c8x1", 1, 1, 4, 6, 8, 1, kRing},
-    // Whole-slice double buffer at m <= 16: slice j+1's records load while slice j is multiplied (64
-    // ring registers, two CTAs per SM). Same run against the defaults at 06fda22 (Llama-70B NVFP4,
-    // bench/results/sweep_c8x2_06fda22_*.json vs sweep_v13_06fda22_default_*.json): m = 16 down
-    // 55.2 / 54.9 vs 59.7 / 59.8 us, qkv -2%, o +3%, gate_up even; a tuning-table candidate, not the
-    // default (the MoE layer takes the first entry).
-    // Its m <= 8 twin (id 33) was 5-9% slower than the c8x1 default on every layer and is gone.
-    {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
     {11, "m16_r2_w4_b4_c4x2", 2, 2, 4, 4, 4, 2, kRing},
     // Bulk pipeline (sm_90): one producer warp keeps S whole K slices of the row group in flight through
     // shared memory, across segment boundaries and stream-K fixups; consumers read records with one

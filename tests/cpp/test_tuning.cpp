@@ -153,8 +153,8 @@ TEST_MAIN()
 TEST(analytic_default_rule) {
   // Smallest n_tiles covering m, its first entry; on layers of >= 2^28 weights the most row tiles per warp.
   CHECK_EQ(pick_config(1, 8192, 8192), id_of("m8_r1_w8_b3_c8x1"));
-  CHECK_EQ(pick_config(16, 8192, 8192), id_of("m16_r1_w8_b2_c4x2"));
-  CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c4x2"));   // 2^27.8 weights
+  CHECK_EQ(pick_config(16, 8192, 8192), id_of("m16_r1_w8_b2_c8x2"));
+  CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c8x2"));   // 2^27.8 weights
   CHECK_EQ(pick_config(16, 57344, 8192), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
   CHECK_EQ(pick_config(64, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));     // Ampere (Hopper: prefill)
   CHECK_EQ(pick_config(1000, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));   // Ampere: 64-token blocks
