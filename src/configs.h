@@ -58,8 +58,8 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // m <= 16: the whole-slice double buffer first (slice j+1's records load while slice j is multiplied;
     // 64 ring registers, two CTAs per SM). Against c4x2 at m = 16 (NVFP4, same runs): Llama-70B down
     // 55.2 / 54.9 vs 59.7 / 59.8 us and qkv -2% (bench/results/sweep_c8x2_06fda22_*.json vs
-    // sweep_v13_06fda22_default_*.json), Llama-8B gate_up 31.4 vs 33.5 us; o 3-4% slower. With c4x2 first,
-    // 70B down and 8B gate_up ran 8% and 7% behind the table's best (bench/results/sweep_all_*.json).
+    // sweep_v13_06fda22_default_*.json); every config at dafaa48 (bench/results/sweep_all_dafaa48_*.json):
+    // 70B down 54.7 vs 59.8 us, 8B gate_up 31.9 vs 33.7, 8B down 23.0 vs 24.0; o 1-4% slower, qkv +-2%.
     // Its m <= 8 twin (m8_r1_w8_b2_c8x2) was 5-9% slower than c8x1 on every layer and is gone.
     {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
     {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, kRing},
