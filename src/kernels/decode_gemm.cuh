@@ -310,6 +310,10 @@ template <int RW, int CH> struct Stage {
 // costs the hot loop no predicate and no zero fill per record. Chunks past c_end (only in a K slice cut
 // short by K) are zero: compute_stage then runs every stage in full, with no test per chunk.
 __device__ __forceinline__ int64_t load_tile(const DecodeParams& p, int rt) { return min(rt, p.row_tiles - 1); }
+// This lane's record of chunk c0 in row tile rt (through load_tile); chunk c0 + i is i * 32 records on.
+__device__ __forceinline__ const uint4* lane_records(const DecodeParams& p, int rt, int c0, int lane) {
+  return p.weights + (load_tile(p, rt) * p.k_chunks + c0) * 32 + lane;
+}
 
 template <int RW, int CH>
 __device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams& p, const int* rt, int c0,
@@ -319,14 +323,14 @@ __device__ __forceinline__ void load_stage(Stage<RW, CH>& st, const DecodeParams
   if (c0 + CH <= c_end) {
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      const uint4* src = p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0) * 32 + lane;
+      const uint4* src = lane_records(p, rt[r], c0, lane);
 #pragma unroll
       for (int i = 0; i < CH; ++i) st.w[r][i] = ld_stream(src + i * 32, pol);
     }
   } else {
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
-      const uint4* src = p.weights + (load_tile(p, rt[r]) * p.k_chunks + c0) * 32 + lane;
+      const uint4* src = lane_records(p, rt[r], c0, lane);
 #pragma unroll
       for (int i = 0; i < CH; ++i) st.w[r][i] = c0 + i < c_end ? ld_stream(src + i * 32, pol) : make_uint4(0, 0, 0, 0);
     }
@@ -340,8 +344,7 @@ __device__ __forceinline__ void prefetch_stage_l2(const DecodeParams& p, const i
   for (int r = 0; r < RW; ++r)
 #pragma unroll
     for (int i = 0; i < CH; ++i)
-      if (rt[r] < p.row_tiles && c0 + i < c_end)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.weights + (int64_t(rt[r]) * p.k_chunks + c0 + i) * 32 + lane));
+      if (c0 + i < c_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(lane_records(p, rt[r], c0, lane) + i * 32));
 }
 
 template <Format F, int RW>

@@ -133,8 +133,10 @@ def test_prepack_unpack_bit_exact(fmt, n, k):
     rng = np.random.default_rng(n * k)
     g = fp4kit.group_size(fmt)
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-    if fmt == "nvfp4":  # finite positive E4M3 scales (0x01..0x7E): prepack rewrites the blocks of negative and
-        scales = rng.integers(1, 0x7F, (n, k // g), dtype=np.uint8)  # zero scales (their own test below)
+    if fmt == "nvfp4":
+        # finite positive E4M3 scales (0x01..0x7E): prepack rewrites the blocks of negative and zero scales
+        # (their own test below)
+        scales = rng.integers(1, 0x7F, (n, k // g), dtype=np.uint8)
     else:  # E8M0 within 2^40 of each other: no block is flushed, so unpack restores every byte
         scales = rng.integers(107, 148, (n, k // g), dtype=np.uint8)
     ts = 0.5 if fmt == "nvfp4" else None
