@@ -83,22 +83,20 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
   const bool large = n * k >= (int64_t(1) << 28);
-  int cover = 0;  // the fewest tokens per launch that cover mb
-  for (int i = 0; i < kNumKernelConfigs; ++i) {
-    const KernelConfig& c = kKernelConfigs[i];
-    if (!is_prefill(c) && config_supported(c, cc_major) && tokens_per_launch(c) >= mb &&
-        (cover == 0 || tokens_per_launch(c) < cover))
-      cover = tokens_per_launch(c);
-  }
+  int nt = 0;
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (!is_prefill(kKernelConfigs[i]) && config_supported(kKernelConfigs[i], cc_major) &&
+        8 * kKernelConfigs[i].n_tiles >= mb && (nt == 0 || kKernelConfigs[i].n_tiles < nt))
+      nt = kKernelConfigs[i].n_tiles;
   const KernelConfig* pick = nullptr;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (tokens_per_launch(c) != cover || is_prefill(c) || !config_supported(c, cc_major)) continue;
+    if (c.n_tiles != nt || is_prefill(c) || !config_supported(c, cc_major)) continue;
     if (!pick || (large && c.row_tiles > pick->row_tiles)) pick = &c;
   }
   if (!pick) return kKernelConfigs[0].id;  // unreachable: the table has ring entries up to 64 tokens
   if (why)
-    *why = "m=" + std::to_string(m) + ": " + pick->name + " (fewest tokens per launch >= " + std::to_string(mb) +
+    *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +
            (large ? "; >= 2^28 weights: most row tiles per warp" : "; first entry") + ")";
   return pick->id;

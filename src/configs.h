@@ -26,8 +26,6 @@ struct KernelConfig {
                     // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a)
   int max_splits = 1;  // kWgmma: the most K splits the plan may use when the output tiles leave SMs idle
                        // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
-  bool one_token = false;  // kRing, n_tiles 1: the one-token kernel (m = 1 per launch; the MMA's idle
-                           // token columns carry the block scales, see compute_stage_one)
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
@@ -42,9 +40,6 @@ enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
 //   max_splits most K splits (prefill_splits picks the count per shape)
 constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma; }
 
-// Tokens one launch of a decode entry serves (a larger m runs in consecutive launches of this many).
-constexpr int tokens_per_launch(const KernelConfig& c) { return c.one_token ? 1 : 8 * c.n_tiles; }
-
 // Whether a device of compute capability major runs the config (the bulk pipeline and the prefill kernel
 // are Hopper-only: sm_90 / sm_90a).
 constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.pipeline == kRing || cc_major == 9; }
@@ -53,12 +48,10 @@ constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.
 // config is written down.
 // id, name, n_tiles, row_tiles/warp, warps (consumer warps for kBulk), min CTAs/SM, chunks per stage, stages,
 // pipeline[, max K splits]
-// Order matters: for each token count per launch the first decode entry is the dispatcher's default,
-// except on large layers (see pick_config). Decode entries come first (the MoE layer takes the first entry
-// of a given n_tiles and pipeline, and the one-token entry for one token).
+// Order matters: for each n_tiles the first decode entry is the dispatcher's default, except on large
+// layers (see pick_config). Decode entries come first (the MoE layer takes the first entry of a given
+// n_tiles and pipeline).
 inline constexpr KernelConfig kKernelConfigs[] = {
-    // m = 1: the one-token twin of m8_r1_w8_b3_c8x1 (the scales applied once per chunk pair in fp32).
-    {35, "m1_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing, 1, true},
     {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing},
     {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, kRing},
     {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4, kRing},
@@ -123,8 +116,8 @@ inline constexpr int64_t kPrefillMinM = 33;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
-// (prefill_cost). Otherwise the decode kernel: the entries of the fewest tokens per launch that cover m
-// (m = 1: the one-token kernel; m > 64 runs in 64-token blocks), then the entry the table lists first; on layers of >= 2^28 weights the first
+// (prefill_cost). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights the first
 // entry with the most row tiles per warp (B fragments reused over two row tiles pay where row groups are
 // plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us; on every smaller layer one row tile
 // per warp was faster). `why` (optional) receives a one-line explanation. Only entries the device runs

@@ -16,7 +16,6 @@ using DecodeKernelFn = void (*)(const kernels::DecodeParams);
 template <Format F, typename T, size_t I, bool kGrouped = false>
 DecodeKernelFn decode_kernel_of() {
   constexpr KernelConfig c = kKernelConfigs[I];
-  static_assert(!c.one_token || (c.pipeline == kRing && c.n_tiles == 1), "one-token entries are 1-tile ring entries");
   if constexpr (c.pipeline == kWgmma)
     return nullptr;
   else if constexpr (c.pipeline == kBulk)
@@ -24,7 +23,7 @@ DecodeKernelFn decode_kernel_of() {
                                              kGrouped>;
   else
     return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
-                                        kGrouped, c.one_token>;
+                                        kGrouped>;
 }
 
 // Dynamic shared memory of a config's launch.

@@ -134,7 +134,7 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.threads = threads;
   p.smem_bytes = smem;
   p.layout = l;
-  p.m_block = tokens_per_launch(*cfg);
+  p.m_block = 8 * cfg->n_tiles;
   const int64_t rows_per_group = int64_t(cfg->warps) * cfg->row_tiles;
   p.row_groups = int((l.row_tiles + rows_per_group - 1) / rows_per_group);
   p.units = int64_t(p.row_groups) * l.k_macros;

@@ -271,7 +271,7 @@ using GroupedFn = detail::DecodeKernelFn;
 
 constexpr int first_index(int n_tiles, int row_tiles = 0) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing && !kKernelConfigs[i].one_token &&
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing &&
         (row_tiles == 0 || kKernelConfigs[i].row_tiles == row_tiles))
       return i;
   return -1;
@@ -292,13 +292,6 @@ static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(3
 constexpr int grouped_index(int n_tiles, bool f16) {
   return f16 && n_tiles == 4 && first_index(4, 1) >= 0 ? first_index(4, 1) : first_index(n_tiles);
 }
-// The one-token entry (m = 1 per schedule entry: a decode pass of one token).
-constexpr int one_token_index() {
-  for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].one_token) return i;
-  return -1;
-}
-static_assert(one_token_index() >= 0, "the config table has no one-token entry");
 template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {
   constexpr int i = grouped_index(NT, std::is_same<T, __half>::value);
@@ -315,15 +308,11 @@ GroupedFn grouped_kernel(int n_tiles) {
   }
 }
 template <typename T>
-GroupedFn grouped_kernel(Format f, int n_tiles, bool one) {
-  if (one)
-    return f == Format::kNVFP4 ? detail::decode_kernel_of<Format::kNVFP4, T, size_t(one_token_index()), true>()
-                               : detail::decode_kernel_of<Format::kMXFP4, T, size_t(one_token_index()), true>();
+GroupedFn grouped_kernel(Format f, int n_tiles) {
   return f == Format::kNVFP4 ? grouped_kernel<Format::kNVFP4, T>(n_tiles) : grouped_kernel<Format::kMXFP4, T>(n_tiles);
 }
-// n_tiles: the token tiles of a schedule entry; one: entries of one row (the one-token kernel).
-GroupedFn grouped_kernel(Format f, DType act, int n_tiles, bool one) {
-  return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles, one) : grouped_kernel<__nv_bfloat16>(f, n_tiles, one);
+GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
+  return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles) : grouped_kernel<__nv_bfloat16>(f, n_tiles);
 }
 // The grouped kernels' token tiles (of 8 rows: 1, 2, 4 or 8) that cover `rows` rows.
 int n_tiles_covering(double rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8; }
@@ -348,13 +337,12 @@ struct GroupedPlan {
   int sms = 0;
 };
 
-Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, bool one, GroupedPlan* out) {
+Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, GroupedPlan* out) {
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
-  const int entry = one ? one_token_index() : grouped_index(n_tiles, act == DType::kF16);
-  FP4KIT_RETURN_IF_ERROR(detail::make_plan(tokens_per_launch(kKernelConfigs[entry]), pw, act, kKernelConfigs[entry].id,
-                                           &p.dense));
-  p.fn = grouped_kernel(w.format, act, n_tiles, one);
+  FP4KIT_RETURN_IF_ERROR(
+      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles, act == DType::kF16)].id, &p.dense));
+  p.fn = grouped_kernel(w.format, act, n_tiles);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
@@ -461,14 +449,11 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
     p.sms = p.bgu.sms;
   } else {
-    // A pass of one token: one row per entry, the one-token kernel (the MMA's idle token columns carry the
-    // block scales); otherwise token tiles covering a typical expert's rows.
-    const bool one = pass == 1;
-    const int nt = one ? 1 : fp4_decode_n_tiles(p.pairs, p.max_active);
-    p.block_rows = one ? 1 : 8 * nt;
+    const int nt = fp4_decode_n_tiles(p.pairs, p.max_active);
+    p.block_rows = 8 * nt;
     p.max_entries = p.max_active + p.pairs / p.block_rows;  // each extra entry holds block_rows rows
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_entries, nt, one, &p.gu));
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, one, &p.dn));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_entries, nt, &p.gu));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, &p.dn));
     p.sms = p.gu.sms;
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);

@@ -114,8 +114,8 @@ Status parse(const std::string& text, const std::string& origin, Table* out) {
     // A decode config must cover its bucket in one launch (m_max > 64: the 64-token configs, which run
     // larger m in 64-token blocks); a prefill config runs any m in one launch.
     const KernelConfig& c = *find_config(e.config);
-    if (!is_prefill(c) && tokens_per_launch(c) < std::min<int64_t>(e.m_max, 64))
-      return bad("config " + name + " serves m <= " + std::to_string(tokens_per_launch(c)) + " per launch, not m_max = " +
+    if (!is_prefill(c) && 8 * c.n_tiles < std::min<int64_t>(e.m_max, 64))
+      return bad("config " + name + " serves m <= " + std::to_string(8 * c.n_tiles) + " per launch, not m_max = " +
                  std::to_string(e.m_max));
     t.entries.push_back(e);
   }

@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
           return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_splits(c, m, n, k, sms) > 1);
         if (m <= 64) {
           const int need = int((m + 7) / 8);
-          return tokens_per_launch(c) >= m && c.n_tiles >= need && c.n_tiles <= 2 * need;
+          return c.n_tiles >= need && c.n_tiles <= 2 * need;
         }
         if (m <= 256) return c.n_tiles == 8;
         return c.id == pick_config(m, n, k, nullptr, 8, sms);  // the decode default (the Ampere path)

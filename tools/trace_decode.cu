@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   auto same = [](const KernelConfig* a, const KernelConfig* b) {
     return a && b && a->n_tiles == b->n_tiles && a->row_tiles == b->row_tiles && a->warps == b->warps &&
            a->min_blocks == b->min_blocks && a->chunks == b->chunks && a->stages == b->stages &&
-           a->pipeline == b->pipeline && a->one_token == b->one_token;
+           a->pipeline == b->pipeline;
   };
   Fn fn = nullptr;
   for (const Traced& tk : traced)

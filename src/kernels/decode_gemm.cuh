@@ -386,11 +386,6 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int
   cp_async_commit();
 }
 
-// The one-token kernel's X times 2^64 (BF16, see OneToken): thread tid scales the 16-byte piece it copied
-// (stage_x gives piece tid to thread tid; one token is 64 pieces), after its cp.async has landed.
-template <typename T>
-__device__ __forceinline__ void scale_x_one(T* xs, int tid);
-
 // kStopAtEnd: the stage may hold chunks past c_end that are not zero (the bulk kernel's stale shared
 // memory), so stop there; the register ring's loads zero them instead (load_stage) and run in full.
 template <Format F, typename T, int NT, int RW, int CH, bool kStopAtEnd = false>
@@ -433,126 +428,6 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
       }
     }
   }
-}
-
-// ---- One token (m = 1): the block scales leave the inner loop ------------------------------------------
-// With one token, seven of the MMA's eight columns multiply zeros. The one-token kernel spends them on the
-// block scales instead: in chunk c, lane (g, t)'s B fragment holds X only when g = 2t + (c & 1), zeros
-// otherwise (a zero row of the X buffer), so column 2t + (c & 1) of the accumulator sums lane t's own
-// block (its 16 K of rows g and g+8) of that chunk, unscaled. After each chunk pair the lane owns exactly
-// the four sums of its own blocks (rows g, g+8 x chunks 2f, 2f+1) and applies their scales in fp32: 4
-// FFMA per 8 MMAs instead of 4 HMUL2 per MMA, about 12 fewer instructions per 512-byte warp record.
-// The first MMA of a pair starts from zero; the lane's fp32 sums are added over its quad at the end.
-//
-// Range: the raw BF16 weights are e2m1 * 2^-126. The tensor cores keep subnormal inputs and fp32 results
-// exactly (checked on sm_90a), but a block sum below 2^-126 has fewer mantissa bits, so the BF16 kernel
-// stages X times 2^64 (exact) and takes 2^64 out of the fp32 scales: NVFP4's multiplier becomes
-// (code << 4) | 0x5000 (|s| * 2^53 instead of 2^117), MXFP4's is multiplied by 2^-64. The products then
-// equal the m <= 8 kernel's (e2m1 * s * 2^-9 * x); X entries of magnitude >= 2^64 overflow in staging,
-// and a block whose 16 products all lie below about 2^-64 loses bits (the m <= 8 kernel has neither
-// limit). FP16 needs none of it: its raw weights are e2m1 * 2^-14.
-template <typename T> struct OneToken;
-template <> struct OneToken<__nv_bfloat16> {
-  static constexpr uint32_t kXScale2 = 0x5F805F80u;  // bf16x2 {2^64, 2^64}
-  // Lane's scales of chunk cc for rows g and g+8, in fp32 (a bf16 is the top half of its fp32).
-  __device__ __forceinline__ static void scales(const Scales<Format::kNVFP4, __nv_bfloat16>& sc, int cc, float& g,
-                                                float& g8) {
-    const uint32_t x = sc.w[cc >> 1];
-    const uint32_t s2 = (((cc & 1) ? x >> 4 : x << 4) & 0x0FF00FF0u) | 0x50005000u;
-    g = __uint_as_float(s2 << 16);
-    g8 = __uint_as_float(s2 & 0xFFFF0000u);
-  }
-  __device__ __forceinline__ static void scales(const Scales<Format::kMXFP4, __nv_bfloat16>& sc, int cc, float& g,
-                                                float& g8) {
-    const uint32_t s2 = sc.get(cc);
-    g = __uint_as_float(s2 << 16) * 0x1p-64f;
-    g8 = __uint_as_float(s2 & 0xFFFF0000u) * 0x1p-64f;
-  }
-};
-template <> struct OneToken<__half> {
-  static constexpr uint32_t kXScale2 = 0x3C003C00u;  // {1, 1}: not applied
-  template <Format F>
-  __device__ __forceinline__ static void scales(const Scales<F, __half>& sc, int cc, float& g, float& g8) {
-    const uint32_t s2 = sc.get(cc);
-    g = __half2float(__ushort_as_half(uint16_t(s2)));
-    g8 = __half2float(__ushort_as_half(uint16_t(s2 >> 16)));
-  }
-};
-
-// mma with a zero accumulator in (ptxas feeds RZ).
-template <typename T>
-__device__ __forceinline__ void mma_from_zero(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  c[0] = c[1] = c[2] = c[3] = 0.0f;
-  Act<T>::mma(c, a, b0, b1);
-}
-
-template <typename T>
-__device__ __forceinline__ void scale_x_one(T* xs, int tid) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    if (tid < layout::kMacroK / 8) {
-      uint4* v = reinterpret_cast<uint4*>(xs) + tid;
-      uint4 x = *v;
-      x.x = Act<T>::mul2(x.x, OneToken<T>::kXScale2);
-      x.y = Act<T>::mul2(x.y, OneToken<T>::kXScale2);
-      x.z = Act<T>::mul2(x.z, OneToken<T>::kXScale2);
-      x.w = Act<T>::mul2(x.w, OneToken<T>::kXScale2);
-      *v = x;
-    }
-  }
-}
-
-// One stage of the one-token kernel. xb: the slice's X buffer; xoff[p]: this lane's row in it for chunks of
-// parity p (0: the staged token, kXRowElems: the zero row). d: the per-column block sums; sum: the scaled fp32 sums of rows g and g+8.
-template <Format F, typename T, int RW, int CH>
-__device__ __forceinline__ void compute_stage_one(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
-                                                  const T* xb, const int (&xoff)[2], int c0, int t, float (&acc)[RW][1][4],
-                                                  float (&sum)[RW][2]) {
-  static_assert(CH % 2 == 0, "the one-token kernel scales chunk pairs: a stage holds whole pairs");
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int c = c0 + i;
-    const int cc = c & (layout::kChunksPerMacro - 1);
-    const int kl = int(layout::lane_kbase(F, c, t)) & (layout::kMacroK - 1);
-    const uint4* src = reinterpret_cast<const uint4*>(xb + xoff[i & 1] + kl);
-    const uint4 xv[2] = {src[0], src[1]};
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      float* d = acc[r][0];
-      const uint32_t q[4] = {st.w[r][i].x, st.w[r][i].y, st.w[r][i].z, st.w[r][i].w};
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint32_t a[4] = {Act<T>::template pair<0>(q[s]), Act<T>::template pair<1>(q[s]),
-                               Act<T>::template pair<2>(q[s]), Act<T>::template pair<3>(q[s])};
-        const uint32_t* xw = reinterpret_cast<const uint32_t*>(&xv[s >> 1]);
-        if ((i & 1) == 0 && s == 0)
-          mma_from_zero<T>(d, a, xw[0], xw[1]);
-        else
-          Act<T>::mma(d, a, xw[(s & 1) * 2], xw[(s & 1) * 2 + 1]);
-      }
-      if (i & 1) {  // the pair is summed: d = {g: chunk cc-1, g: cc, g+8: cc-1, g+8: cc}
-        float ge, g8e, go, g8o;
-        OneToken<T>::scales(sc[r], cc - 1, ge, g8e);
-        OneToken<T>::scales(sc[r], cc, go, g8o);
-        sum[r][0] = fmaf(d[1], go, fmaf(d[0], ge, sum[r][0]));
-        sum[r][1] = fmaf(d[3], g8o, fmaf(d[2], g8e, sum[r][1]));
-      }
-    }
-  }
-}
-
-// The one-token sums as the epilogue's accumulator: row g's (g+8's) total over the quad in column 0.
-template <typename T, int RW>
-__device__ __forceinline__ void one_token_result(float (&sum)[RW][2], float (&acc)[RW][1][4]) {
-#pragma unroll
-  for (int r = 0; r < RW; ++r)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float v = sum[r][h];
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-      acc[r][0][2 * h] = v;
-      acc[r][0][2 * h + 1] = 0.0f;
-    }
 }
 
 template <typename T, int NT, int RW>
@@ -705,12 +580,9 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-// kOne: the one-token kernel (m = 1 per launch, see compute_stage_one); NT must be 1.
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false,
-          bool kOne = false>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
-  static_assert(!kOne || NT == 1, "the one-token kernel has one token tile");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -725,13 +597,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
   const int64_t b = blockIdx.x;
   const int first_rg = int(u_begin / p.k_macros);
-  if constexpr (kOne) {
-    // Row 1 of both X buffers is the zero row of the lanes whose column is not their block's (m = 1:
-    // stage_x never writes it); the first segment's barrier orders these stores before any read.
-    constexpr int kRow16 = kXRowElems / 8;
-    for (int i = threadIdx.x; i < 2 * kRow16; i += blockDim.x)
-      reinterpret_cast<uint4*>(x_smem + (i / kRow16) * kXBuf + kXRowElems)[i % kRow16] = make_uint4(0, 0, 0, 0);
-  }
   decode_trace_global(8);
   decode_trace(0);
   int seg = 0;
@@ -748,9 +613,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 
     float acc[RW][NT][4];
     zero_acc(acc);
-    float one_sum[RW][2];  // kOne: scaled fp32 sums of rows g, g+8 (acc holds the block sums)
-#pragma unroll
-    for (int r = 0; r < RW; ++r) one_sum[r][0] = one_sum[r][1] = 0.0f;
 
     // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
     // records are loaded one slice ahead and decoded when its first stage comes up.
@@ -782,23 +644,16 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
           // buffer now receives slice j+1.
           cp_async_wait_all();
-          if constexpr (kOne) scale_x_one<T>(x_smem + (j & 1) * kXBuf, threadIdx.x);
           __syncthreads();
           if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
 #pragma unroll
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
-        if constexpr (kOne) {
-          const int xoff[2] = {g == 2 * t ? 0 : kXRowElems, g == 2 * t + 1 ? 0 : kXRowElems};
-          compute_stage_one<F, T, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, xoff, cs, t, acc, one_sum);
-        } else {
-          compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
-        }
+        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
         if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
       }
     }
-    if constexpr (kOne) one_token_result<T, RW>(one_sum, acc);
     decode_trace(seg == 0 ? 2 : 5);
 
     if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
