@@ -23,7 +23,7 @@ DecodeKernelFn decode_kernel_of() {
                                              kGrouped>;
   else
     return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
-                                        kGrouped, c.l2_ahead>;
+                                        kGrouped>;
 }
 
 // Dynamic shared memory of a config's launch.

@@ -580,8 +580,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-// kL2: KernelConfig::l2_ahead.
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false, int kL2 = 0>
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -640,8 +639,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
         const int cs = base + d * CH;
         if (cs >= c_end) break;
         load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
-        if constexpr (kL2 > 0)
-          if (cs + (D - 1 + kL2) * CH < c_end) prefetch_stage_l2<RW, CH>(q, rt, cs + (D - 1 + kL2) * CH, c_end, lane);
         const int j = cs / layout::kChunksPerMacro;
         if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
           // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
