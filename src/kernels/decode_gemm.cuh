@@ -600,12 +600,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   decode_trace_global(8);
   decode_trace(0);
   int seg = 0;
-  // D = 1: a segment followed by another requests the next one's scale records and first stage before its
-  // own epilogue or stream-K fixup (partial stores, fence, arrival count: ~1.3 us of L2 round trips), so
-  // that wait overlaps the next segment's first loads (`early`: they are in flight).
-  ScaleRecord<F> rec[RW];
-  Stage<RW, CH> ring[D];
-  bool early = false;
 
   for (int64_t u = u_begin; u < u_end; ++seg) {
     int rg, j0, j1, lrg;
@@ -624,8 +618,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     // records are loaded one slice ahead and decoded when its first stage comes up.
     const int c_begin = j0 * layout::kChunksPerMacro;
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
+    ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
-    if (!early) load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
+    load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
+    Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
     if (seg == 0) {
@@ -642,7 +638,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       for (int d = 0; d < D; ++d) {
         const int cs = base + d * CH;
         if (cs >= c_end) break;
-        if (!early || cs != c_begin) load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
         const int j = cs / layout::kChunksPerMacro;
         if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
           // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
@@ -659,24 +655,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       }
     }
     decode_trace(seg == 0 ? 2 : 5);
-
-    early = false;
-    if constexpr (D == 1) {
-      if (u < u_end) {
-        int64_t un = u;
-        int rgn, j0n, j1n, lrgn;
-        next_segment(un, u_end, p.k_macros, rgn, j0n, j1n);
-        DecodeParams qn;
-        segment_problem<T, kGrouped>(p, rgn, qn, lrgn);
-        int rtn[RW];
-#pragma unroll
-        for (int r = 0; r < RW; ++r) rtn[r] = (lrgn * WARPS + warp) * RW + r;
-        load_scale_records<F, RW>(rec, qn, rtn, j0n, lane, pol);
-        load_stage<RW, CH>(ring[0], qn, rtn, j0n * layout::kChunksPerMacro,
-                           min(j1n * layout::kChunksPerMacro, qn.k_chunks), lane, pol);
-        early = true;
-      }
-    }
 
     if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
