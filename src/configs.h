@@ -26,6 +26,8 @@ struct KernelConfig {
                     // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a)
   int max_splits = 1;  // kWgmma: the most K splits the plan may use when the output tiles leave SMs idle
                        // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
+  bool balanced = false;  // decode: grid = ceil(units / u) CTAs with u = ceil(units / resident CTAs), so every
+                          // CTA gets u or u - 1 units (a host-side choice: same kernel as its twin)
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
@@ -53,6 +55,7 @@ constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.
 // n_tiles and pipeline).
 inline constexpr KernelConfig kKernelConfigs[] = {
     {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing},
+    {39, "m8_r1_w8_b3_c8x1_bal", 1, 1, 8, 3, 8, 1, kRing, 1, true},
     {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, kRing},
     {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4, kRing},
     // m <= 16: the whole-slice double buffer first (slice j+1's records load while slice j is multiplied;
@@ -62,6 +65,7 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // 70B down 54.7 vs 59.8 us, 8B gate_up 31.9 vs 33.7, 8B down 23.0 vs 24.0; o 1-4% slower, qkv +-2%.
     // Its m <= 8 twin (m8_r1_w8_b2_c8x2) was 5-9% slower than c8x1 on every layer and is gone.
     {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
+    {40, "m16_r1_w8_b2_c8x2_bal", 2, 1, 8, 2, 8, 2, kRing, 1, true},
     {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, kRing},
     {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2, kRing},
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, kRing},

@@ -140,6 +140,10 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   p.units = int64_t(p.row_groups) * l.k_macros;
   const int64_t resident = int64_t(facts.sms) * per_sm;
   p.grid = int(std::min<int64_t>(p.units, resident));
+  if (cfg->balanced) {
+    const int64_t per_cta = (p.units + resident - 1) / resident;
+    p.grid = int((p.units + per_cta - 1) / per_cta);
+  }
   // Split row groups exist only when some CTA's range does not cover whole row groups.
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
   if (split) {
