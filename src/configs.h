@@ -55,7 +55,6 @@ constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.
 // n_tiles and pipeline).
 inline constexpr KernelConfig kKernelConfigs[] = {
     {0, "m8_r1_w8_b3_c8x1", 1, 1, 8, 3, 8, 1, kRing},
-    {39, "m8_r1_w8_b3_c8x1_bal", 1, 1, 8, 3, 8, 1, kRing, 1, true},
     {1, "m8_r1_w8_b3_c4x2", 1, 1, 8, 3, 4, 2, kRing},
     {2, "m8_r1_w8_b3_c2x4", 1, 1, 8, 3, 2, 4, kRing},
     // m <= 16: the whole-slice double buffer first (slice j+1's records load while slice j is multiplied;
@@ -64,8 +63,12 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // sweep_v13_06fda22_default_*.json); every config at dafaa48 (bench/results/sweep_all_dafaa48_*.json):
     // 70B down 54.7 vs 59.8 us, 8B gate_up 31.9 vs 33.7, 8B down 23.0 vs 24.0; o 1-4% slower, qkv +-2%.
     // Its m <= 8 twin (m8_r1_w8_b2_c8x2) was 5-9% slower than c8x1 on every layer and is gone.
-    {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing},
-    {40, "m16_r1_w8_b2_c8x2_bal", 2, 1, 8, 2, 8, 2, kRing, 1, true},
+    // Balanced grid (every CTA u or u - 1 units) against the plain one at m = 16, same runs (NVFP4 / MXFP4,
+    // us, bench/results/sweep_balanced_cd64908.json): Llama-70B o 22.2 / 21.8 vs 23.8 / 23.8, down 53.4 /
+    // 54.6 vs 55.0 / 56.1, qkv +-1%; Llama-8B qkv 14.6 / 14.6 vs 15.1 / 15.3, down 22.0 / 22.4 vs 23.0 /
+    // 23.3, o and gate_up within 3%; 70B gate_up (dispatch runs the two-tile entry there) +3.5% / +1.2%.
+    // The m8 entry keeps the plain grid: balanced was 2-7% slower at m = 1 on Llama-70B gate_up and down.
+    {34, "m16_r1_w8_b2_c8x2", 2, 1, 8, 2, 8, 2, kRing, 1, true},
     {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, kRing},
     {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2, kRing},
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, kRing},

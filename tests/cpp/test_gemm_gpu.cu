@@ -491,6 +491,16 @@ TEST(gemm_shapes) {
       for (int64_t m : {1, 16, 64}) check_case(f, m, s.n, s.k, true, -1, m == 16);
   }
   check_case(Format::kMXFP4, 16, 10944 / 8, 2880, false, -1, true);
+  // More units than resident CTAs, so the balanced grid of the m <= 16 default is smaller than the
+  // resident count (132 SMs: 260 CTAs of 4 units, not 264 of 3-4): every row group still summed once.
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const detail::DecodePlan plan = plan_of(16, f, 8192 + 16, 8192, config_id("m16_r1_w8_b2_c8x2"));
+    CHECK(plan.cfg && plan.cfg->balanced);
+    const int64_t per_cta = (plan.units + plan.grid - 1) / plan.grid;
+    // The smallest grid that gives no CTA more than per_cta units (the plain grid, 264, would give 4 too).
+    CHECK_MSG(per_cta * (plan.grid - 1) < plan.units, "grid " << plan.grid << " for " << plan.units << " units is not balanced");
+    check_case(f, 16, 8192 + 16, 8192, f == Format::kNVFP4, config_id("m16_r1_w8_b2_c8x2"), true);
+  }
 }
 
 // m beyond one decode launch: dispatch's pick (the prefill kernel on Hopper), and the decode kernel in
