@@ -82,12 +82,15 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     return prefill;
   }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
-  const bool large = n * k >= (int64_t(1) << 28);
   int nt = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i)
     if (!is_prefill(kKernelConfigs[i]) && config_supported(kKernelConfigs[i], cc_major) &&
         8 * kKernelConfigs[i].n_tiles >= mb && (nt == 0 || kKernelConfigs[i].n_tiles < nt))
       nt = kKernelConfigs[i].n_tiles;
+  // Two row tiles per warp share each X fragment over twice the weights; the more token tiles, the more X
+  // fragments a record meets, so the layer size from which that pays halves from 16 to 32 tokens.
+  const int large_log2 = nt >= 4 ? 27 : 28;
+  const bool large = n * k >= (int64_t(1) << large_log2);
   const KernelConfig* pick = nullptr;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
@@ -98,7 +101,7 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   if (why)
     *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +
-           (large ? "; >= 2^28 weights: most row tiles per warp" : "; first entry") + ")";
+           (large ? "; >= 2^" + std::to_string(large_log2) + " weights: most row tiles per warp" : "; first entry") + ")";
   return pick->id;
 }
 

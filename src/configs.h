@@ -72,8 +72,12 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {4, "m16_r1_w8_b2_c4x2", 2, 1, 8, 2, 4, 2, kRing},
     {3, "m16_r2_w8_b2_c4x2", 2, 2, 8, 2, 4, 2, kRing},
     {5, "m16_r1_w8_b3_c4x2", 2, 1, 8, 3, 4, 2, kRing},
-    {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2, kRing},
+    // m <= 32: one row tile per warp first; pick_config takes the two-tile entry from 2^27 weights (every
+    // config at m = 32, NVFP4, bench/results/sweep_all_73a7e62_*_m32.json: r1 ahead on every layer below
+    // 2^27 weights, Llama-70B qkv 35.0 vs 38.4 us, o 30.3 vs 31.8, Llama-8B down 31.0 vs 35.4, tp8 o 9.3
+    // vs 11.7; r2 ahead on Llama-70B down (2^27.8) 74.7 vs 78.8 and gate_up 135.3 vs 147.6).
     {7, "m32_r1_w8_b2_c4x2", 4, 1, 8, 2, 4, 2, kRing},
+    {6, "m32_r2_w8_b2_c2x2", 4, 2, 8, 2, 2, 2, kRing},
     // m <= 64: c8x1 first (the default): 2-9% faster than c4x2 on every Llama-70B and 8B layer in two
     // sweeps (bench/results/sweep_bulk_0773a97_*.json, sweep_waves_8f07056_*.json), and no spills.
     {9, "m64_r2_w8_b1_c8x1", 8, 2, 8, 1, 8, 1, kRing},
@@ -124,10 +128,10 @@ inline constexpr int64_t kPrefillMinM = 33;
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
 // (prefill_cost). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
-// 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights the first
-// entry with the most row tiles per warp (B fragments reused over two row tiles pay where row groups are
-// plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us; on every smaller layer one row tile
-// per warp was faster). `why` (optional) receives a one-line explanation. Only entries the device runs
+// 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
+// 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
+// row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,
+// every smaller layer faster with one row tile; at m = 32 from Llama-70B down, 2^27.8, on). `why` (optional) receives a one-line explanation. Only entries the device runs
 // are considered.
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0);
 // The prefill entry of least modelled time for any m (what pick_config takes from kPrefillMinM on), or -1

@@ -156,6 +156,10 @@ TEST(analytic_default_rule) {
   CHECK_EQ(pick_config(16, 8192, 8192), id_of("m16_r1_w8_b2_c8x2"));
   CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c8x2"));   // 2^27.8 weights
   CHECK_EQ(pick_config(16, 57344, 8192), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
+  // 32 tokens per launch: two row tiles from 2^27 weights (Ampere: Hopper runs the prefill kernel from 33).
+  CHECK_EQ(pick_config(32, 8192, 8192), id_of("m32_r1_w8_b2_c4x2"));   // 2^26
+  CHECK_EQ(pick_config(32, 8192, 28672), id_of("m32_r2_w8_b2_c2x2"));  // 2^27.8
+  CHECK_EQ(pick_config(17, 4096, 14336), id_of("m32_r1_w8_b2_c4x2"));  // 2^25.8
   CHECK_EQ(pick_config(64, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));     // Ampere (Hopper: prefill)
   CHECK_EQ(pick_config(1000, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));   // Ampere: 64-token blocks
   std::string why;
