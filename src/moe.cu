@@ -286,15 +286,13 @@ constexpr int prefill_index(int n_tiles) {
 static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
               "the config table has no unsplit p64 / p128 / p256 entry");
 
-// The entry a grouped GEMM runs for (n_tiles, activation dtype). FP16 at 32 tokens per pass takes the first
-// entry with one row tile per warp: the default entry (two row tiles) spills a few bytes in grouped mode
-// with NVFP4 and FP16 (ptxas, 128 registers under its launch bounds); BF16 does not.
-constexpr int grouped_index(int n_tiles, bool f16) {
-  return f16 && n_tiles == 4 && first_index(4, 1) >= 0 ? first_index(4, 1) : first_index(n_tiles);
-}
+// The entry a grouped GEMM runs for n_tiles: the table's first ring entry (at 32 tokens per pass the one
+// with one row tile per warp, as dense layers below 2^27 weights; the two-tile entry also spilled a few
+// bytes in grouped mode with NVFP4 and FP16).
+constexpr int grouped_index(int n_tiles) { return first_index(n_tiles); }
 template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {
-  constexpr int i = grouped_index(NT, std::is_same<T, __half>::value);
+  constexpr int i = grouped_index(NT);
   static_assert(i >= 0, "the config table has no register-ring entry for this n_tiles");
   return detail::decode_kernel_of<F, T, size_t(i), true>();
 }
@@ -341,7 +339,7 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
   FP4KIT_RETURN_IF_ERROR(
-      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles, act == DType::kF16)].id, &p.dense));
+      detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles)].id, &p.dense));
   p.fn = grouped_kernel(w.format, act, n_tiles);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,
