@@ -87,8 +87,9 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     if (!is_prefill(kKernelConfigs[i]) && config_supported(kKernelConfigs[i], cc_major) &&
         8 * kKernelConfigs[i].n_tiles >= mb && (nt == 0 || kKernelConfigs[i].n_tiles < nt))
       nt = kKernelConfigs[i].n_tiles;
-  // Two row tiles per warp share each X fragment over twice the weights; the more token tiles, the more X
-  // fragments a record meets, so the layer size from which that pays halves from 16 to 32 tokens.
+  // Two row tiles per warp share each X fragment over twice the weights, which pays on large layers: from
+  // 2^28 weights at 16 tokens per launch, from 2^27 at 32 (measured: configs.h). Each record meets one X
+  // fragment per token tile, so the more token tiles, the more the sharing saves.
   const int large_log2 = nt >= 4 ? 27 : 28;
   const bool large = n * k >= (int64_t(1) << large_log2);
   const KernelConfig* pick = nullptr;

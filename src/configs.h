@@ -131,8 +131,8 @@ inline constexpr int64_t kPrefillMinM = 33;
 // 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
 // 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
 // row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,
-// every smaller layer faster with one row tile; at m = 32 from Llama-70B down, 2^27.8, on). `why` (optional) receives a one-line explanation. Only entries the device runs
-// are considered.
+// every smaller layer faster with one row tile; at m = 32 from Llama-70B down, 2^27.8, on). `why`
+// (optional) receives a one-line explanation. Only entries the device runs are considered.
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0);
 // The prefill entry of least modelled time for any m (what pick_config takes from kPrefillMinM on), or -1
 // where the device runs none.
