@@ -269,11 +269,11 @@ __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const flo
 // warps per CTA issue fewer dequantisations per SM.)
 using GroupedFn = detail::DecodeKernelFn;
 
-constexpr int first_index(int n_tiles, int row_tiles = 0) {
+// At 32 tokens per pass that is the one-row-tile entry, as on dense layers below 2^27 weights (the
+// two-tile entry also spilled a few bytes in grouped mode with NVFP4 and FP16).
+constexpr int grouped_index(int n_tiles) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing &&
-        (row_tiles == 0 || kKernelConfigs[i].row_tiles == row_tiles))
-      return i;
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing) return i;
   return -1;
 }
 // The tensor-core path's entry for a token tile: the table's first unsplit prefill entry of that tile.
@@ -286,10 +286,6 @@ constexpr int prefill_index(int n_tiles) {
 static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
               "the config table has no unsplit p64 / p128 / p256 entry");
 
-// The entry a grouped GEMM runs for n_tiles: the table's first ring entry (at 32 tokens per pass the one
-// with one row tile per warp, as dense layers below 2^27 weights; the two-tile entry also spilled a few
-// bytes in grouped mode with NVFP4 and FP16).
-constexpr int grouped_index(int n_tiles) { return first_index(n_tiles); }
 template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {
   constexpr int i = grouped_index(NT);
