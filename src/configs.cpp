@@ -81,6 +81,21 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     }
     return prefill;
   }
+  // 17-32 tokens: the prefill kernel's K-split plan where it fits one wave of CTAs on K >= 2048 (see
+  // kSplitKMinM in configs.h); else the decode kernel.
+  if (cc_major == 9 && m >= kSplitKMinM && m < kPrefillMinM && k >= kSplitKMinK) {
+    const int pre = pick_prefill_config(m, n, k, cc_major, sms);
+    const KernelConfig* c = pre >= 0 ? find_config(pre) : nullptr;
+    const int s = c ? prefill_splits(*c, m, n, k, sms) : 0;
+    if (c && prefill_tiles(*c, m, n) * s <= sms) {
+      if (why)
+        *why = "m=" + std::to_string(m) + ": " + c->name + " (" + std::to_string(kSplitKMinM) + "-" +
+               std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) +
+               ": the prefill kernel's plan fits one wave, " + std::to_string(prefill_tiles(*c, m, n)) +
+               " tiles x " + std::to_string(s) + " K splits on " + std::to_string(sms) + " SMs)";
+      return pre;
+    }
+  }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
   int nt = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i)

@@ -156,10 +156,11 @@ TEST(analytic_default_rule) {
   CHECK_EQ(pick_config(16, 8192, 8192), id_of("m16_r1_w8_b2_c8x2"));
   CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c8x2"));   // 2^27.8 weights
   CHECK_EQ(pick_config(16, 57344, 8192), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
-  // 32 tokens per launch: two row tiles from 2^27 weights (Ampere: Hopper runs the prefill kernel from 33).
-  CHECK_EQ(pick_config(32, 8192, 8192), id_of("m32_r1_w8_b2_c4x2"));   // 2^26
-  CHECK_EQ(pick_config(32, 8192, 28672), id_of("m32_r2_w8_b2_c2x2"));  // 2^27.8
-  CHECK_EQ(pick_config(17, 4096, 14336), id_of("m32_r1_w8_b2_c4x2"));  // 2^25.8
+  // 32 tokens per launch: two row tiles from 2^27 weights (Ampere; on Hopper see analytic_default_split_k).
+  CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 8), id_of("m32_r1_w8_b2_c4x2"));   // 2^26
+  CHECK_EQ(pick_config(32, 8192, 28672, nullptr, 8), id_of("m32_r2_w8_b2_c2x2"));  // 2^27.8
+  CHECK_EQ(pick_config(17, 4096, 14336, nullptr, 8), id_of("m32_r1_w8_b2_c4x2"));  // 2^25.8
+  CHECK_EQ(pick_config(32, 57344, 8192), id_of("m32_r2_w8_b2_c2x2"));  // Hopper, more than one wave
   CHECK_EQ(pick_config(64, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));     // Ampere (Hopper: prefill)
   CHECK_EQ(pick_config(1000, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));   // Ampere: 64-token blocks
   std::string why;
@@ -167,12 +168,30 @@ TEST(analytic_default_rule) {
   CHECK(why.find("most row tiles per warp") != std::string::npos);
 }
 
+TEST(analytic_default_split_k) {
+  // Hopper, 17-32 tokens: the prefill kernel where its plan fits one wave and K >= 2048, else decode.
+  CHECK_EQ(kSplitKMinM, 17);
+  CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
+  CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
+  CHECK_EQ(pick_config(32, 1280, 8192), id_of("p64_w8_s8_k8"));    // 10 tiles x 8 splits
+  CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s8_k8"));   // 64 tiles x 2 splits
+  CHECK_EQ(pick_config(32, 10240, 8192), id_of("m32_r1_w8_b2_c4x2"));  // 80 tiles x 3 splits: two waves
+  CHECK_EQ(pick_config(32, 28672, 4096), id_of("m32_r1_w8_b2_c4x2"));  // 224 tiles: two waves
+  CHECK_EQ(pick_config(32, 8192, 1024), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
+  CHECK_EQ(pick_config(16, 4096, 14336), id_of("m16_r1_w8_b2_c8x2"));  // 16 tokens: decode
+  CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("m32_r1_w8_b2_c4x2"));  // 128 CTAs > 100 SMs
+  std::string why;
+  pick_config(32, 8192, 8192, &why);
+  CHECK_MSG(why.find("fits one wave") != std::string::npos, why);
+}
+
 TEST(analytic_default_prefill) {
-  // Hopper: the decode kernel up to m = 32, the prefill kernel from kPrefillMinM on; Ampere: never.
+  // Hopper: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on and from kSplitKMinM
+  // where its plan fits one wave; Ampere: never.
   CHECK_EQ(kPrefillMinM, 33);
-  for (int64_t m : {1, 17, 32, 33, 64, 65, 128, 1000, 16384})
+  for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
-      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM);
+      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM || (m >= kSplitKMinM && n <= 8192));
       CHECK(!is_prefill(*find_config(pick_config(m, n, 8192, nullptr, 8))));
       CHECK(config_supported(*find_config(pick_config(m, n, 8192, nullptr, 8)), 8));
     }
