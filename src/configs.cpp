@@ -67,7 +67,7 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) 
   return best ? best->id : -1;
 }
 
-int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major, int sms) {
+int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major, int sms, Format f) {
   if (sms <= 0) sms = kDefaultSms;
   const int prefill = m >= kPrefillMinM ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
   if (prefill >= 0) {
@@ -81,18 +81,20 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     }
     return prefill;
   }
-  // 17-32 tokens: the prefill kernel's K-split plan where it fits one wave of CTAs on K >= 2048 (see
+  // 17-32 tokens: the prefill kernel where its plan fits kSplitKWaves waves of CTAs on K >= 2048 (see
   // kSplitKMinM in configs.h); else the decode kernel.
   if (cc_major == 9 && m >= kSplitKMinM && m < kPrefillMinM && k >= kSplitKMinK) {
     const int pre = pick_prefill_config(m, n, k, cc_major, sms);
     const KernelConfig* c = pre >= 0 ? find_config(pre) : nullptr;
     const int s = c ? prefill_splits(*c, m, n, k, sms) : 0;
-    if (c && prefill_tiles(*c, m, n) * s <= sms) {
+    const int waves = f == Format::kMXFP4 ? 2 : 1;
+    if (c && prefill_tiles(*c, m, n) * s <= int64_t(waves) * sms) {
       if (why)
         *why = "m=" + std::to_string(m) + ": " + c->name + " (" + std::to_string(kSplitKMinM) + "-" +
-               std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) +
-               ": the prefill kernel's plan fits one wave, " + std::to_string(prefill_tiles(*c, m, n)) +
-               " tiles x " + std::to_string(s) + " K splits on " + std::to_string(sms) + " SMs)";
+               std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) + ": the prefill " +
+               "kernel's plan fits " + (waves == 1 ? "one wave" : "two waves (MXFP4)") + ", " +
+               std::to_string(prefill_tiles(*c, m, n)) + " tiles x " + std::to_string(s) + " K splits on " +
+               std::to_string(sms) + " SMs)";
       return pre;
     }
   }

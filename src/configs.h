@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fp4kit/formats.h"
+
 namespace fp4kit {
 
 struct KernelConfig {
@@ -126,26 +128,33 @@ const KernelConfig* find_config(int id);
 inline constexpr int64_t kPrefillMinM = 33;
 
 // From 17 tokens (and K >= 2048) on a cc 9.x device, the prefill kernel takes the launches whose plan
-// (prefill_tiles x prefill_splits) fits one wave of CTAs. Measured at 73a7e62, every config at m = 32
-// (bench/results/sweep_all_73a7e62_*_m32.json, NVFP4): its split-K entry beat every decode entry on
-// every such layer (Llama-8B down 25.7 vs 31.0 us, qkv 17.7 vs 19.3, o 14.1 vs 14.8; tp8 qkv 14.3 vs
-// 17.1, gate_up 27.6 vs 29.5, down 18.4 vs 19.3; Llama-70B o 28.5 vs 30.3, down 72.0 vs 74.7; gpt-oss
-// attention 13.6 vs 14.0), while the decode kernel won where the plan needs a second wave (Llama-70B qkv
-// 35.0 vs 42.2, gate_up 135.3 vs 157.0; Llama-8B gate_up a tie) and on the tp8 o shard, K = 1024 (9.3 vs
-// 10.8: two K slices leave the prefill pipeline nothing to overlap). At 16 tokens the decode kernel
-// wins every layer (Llama-8B down 22.3 vs 25.7), and the prefill kernel's time is the same for 17-64.
+// (prefill_tiles x prefill_splits) fits one wave of CTAs (NVFP4) or two (MXFP4). Measured at 73a7e62 and
+// eec31ce, every config at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json, sweep_m32_eec31ce.json):
+// - NVFP4: the split-K entry beat every decode entry on every one-wave layer (Llama-8B down 25.7 vs
+//   31.0 us, qkv 17.7 vs 19.3, o 14.1 vs 14.8; tp8 qkv 14.3 vs 17.1, gate_up 27.6 vs 29.5, down 18.4 vs
+//   19.3; Llama-70B o 28.5 vs 30.3, down 72.0 vs 74.7; gpt-oss attention 13.6 vs 14.0), while the decode
+//   kernel won where the plan needs a second wave (Llama-70B qkv 35.0 vs 42.2, gate_up 135.3 vs 157.0;
+//   Llama-8B gate_up a tie, 45.5 vs 45.3).
+// - MXFP4: the decode kernel is slower at 32 tokens (Llama-70B qkv 40.0 us, Llama-8B gate_up 51.7), so
+//   the prefill kernel also wins with two waves (Llama-8B gate_up 45.0; Llama-70B qkv 41.4, within 4%),
+//   not with four (Llama-70B gate_up 155.1 vs 138.5).
+// - K = 1024 (the tp8 o shard): the decode kernel (9.3 vs 10.8): two K slices leave the prefill
+//   pipeline nothing to overlap.
+// At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs 25.7 us), and the prefill
+// kernel's time is the same for 17-64 tokens.
 inline constexpr int64_t kSplitKMinM = 17;
 inline constexpr int64_t kSplitKMinK = 2048;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
-// (prefill_cost); from kSplitKMinM, the same where its plan fits one wave (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// (prefill_cost); from kSplitKMinM, the same where its plan fits one wave (two for MXFP4; above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
 // 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
 // 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
 // row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,
 // every smaller layer faster with one row tile; at m = 32 from Llama-70B down, 2^27.8, on). `why`
 // (optional) receives a one-line explanation. Only entries the device runs are considered.
-int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0);
+int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0,
+                Format f = Format::kNVFP4);
 // The prefill entry of least modelled time for any m (what pick_config takes from kPrefillMinM on), or -1
 // where the device runs none.
 int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major = 9, int sms = 0);

@@ -197,7 +197,7 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
       // m_max >= 64: it then runs m in 64-token blocks, as tables of m_max <= 64 always meant.
       bool blocks = false;
       if (!best && m > 64 && largest && largest->m_max >= 64 && !is_prefill(*find_config(largest->config)) &&
-          !is_prefill(*find_config(pick_config(m, n, k, nullptr, cc_major, sms)))) {
+          !is_prefill(*find_config(pick_config(m, n, k, nullptr, cc_major, sms, f)))) {
         best = largest;
         blocks = true;
       }
@@ -209,7 +209,7 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
       }
     }
   }
-  return pick_config(m, n, k, why, cc_major, sms);
+  return pick_config(m, n, k, why, cc_major, sms, f);
 }
 
 }  // namespace fp4kit

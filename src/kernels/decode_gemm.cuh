@@ -499,26 +499,15 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RW][NT][4]) {
 // The end of a segment that covers only part of its row group's K: park the partial tile, count arrivals;
 // the last CTA to arrive sums all partials in CTA order (deterministic) and runs the epilogue.
 // One thread (tid 0 of the WARPS warps that computed) publishes for the CTA: barrier, then a gpu-scope
-// fence and the atomic (the fence is cumulative over the stores the barrier made visible to it).
-// This tail runs after the weight stream has ended, so every L2 round trip in it is exposed; reading the
-// partials one CTA after another cost one per CTA (ncu, Llama-8B o at m = 1: 8 partials, SMs active only
-// 53% of the kernel's duration). So the last arrival keeps several CTAs' partials in flight:
-//  - small tiles (< 16 floats per thread): kBatch CTAs at once into registers;
-//  - larger tiles (the 32- and 64-token entries, 16-64 floats per thread, where a register batch would
-//    spill): the X stage buffer, idle once the segment's last slice is multiplied, becomes a ring of
-//    kDepth partial tiles filled by cp.async, so kDepth tiles stream while one is summed.
-// `sync` is a barrier over exactly those WARPS warps; `s_last` a shared int; `stage` the X stage buffer
-// (kStageBytes), which the next segment refills only after its own barrier.
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-template <typename T, int NT, int RW, int WARPS, int kStageBytes, class Sync>
+// fence and the atomic (the fence is cumulative over the stores the barrier made visible to it). The last
+// arrival reads the partials of up to kBatch CTAs at once: this tail runs after the weight stream has
+// ended, so it costs whole L2 round trips; reading the partials one CTA after another cost one per CTA
+// (ncu, Llama-8B o at m = 1: 8 partials, SMs active only 53% of the kernel's duration).
+// `sync` is a barrier over exactly those WARPS warps; `s_last` a shared int.
+template <typename T, int NT, int RW, int WARPS, class Sync>
 __device__ __forceinline__ void finish_split(const DecodeParams& p, const DecodeParams& q, int64_t b, int64_t G,
                                              int64_t units, int rg, int first_rg, const int* rt, int g, int t,
-                                             float (&acc)[RW][NT][4], int* s_last, float* stage, Sync sync,
-                                             int trace_slot = -1) {
+                                             float (&acc)[RW][NT][4], int* s_last, Sync sync, int trace_slot = -1) {
   constexpr int kSlot = WARPS * RW * NT * 4 * 32;  // floats per partial tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
@@ -543,63 +532,29 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   decode_trace(trace_slot);
   if (!*s_last) return;
   zero_acc(acc);
-  // CTA c's partial tile for this row group (its first or its last segment's slot).
-  auto partial_of = [&](int64_t c) {
-    const int c_first_rg = int((c * units / G) / p.k_macros);
-    return p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot);
-  };
-  constexpr int kTile = RW * NT * 4;  // floats per thread per partial
-  // Sums in CTA order: the result is the same whatever the timing.
-  auto add = [&](const float* v, int stride) {
+  constexpr int kTile = RW * NT * 4;                     // floats per thread per partial
+  constexpr int kBatch = kTile >= 16 ? 1 : 16 / kTile;   // ~16 loads in flight per thread (more spills)
+  for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
+    float v[kBatch][kTile];
 #pragma unroll
-    for (int r = 0; r < RW; ++r)
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t c = c0 + i;
+      if (c > b_hi) break;
+      const int c_first_rg = int((c * units / G) / p.k_macros);
+      const float* src = p.partials + (c * 2 + (rg == c_first_rg ? 0 : 1)) * int64_t(kSlot) + base + lane;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[((r * NT + nt) * 4 + e) * stride];
-  };
-  if constexpr (kTile < 16) {
-    constexpr int kBatch = 16 / kTile;  // ~16 loads in flight per thread
-    for (int64_t c0 = b_lo; c0 <= b_hi; c0 += kBatch) {
-      float v[kBatch][kTile];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (c0 + i > b_hi) break;
-        const float* src = partial_of(c0 + i) + base + lane;
-#pragma unroll
-        for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (c0 + i > b_hi) break;
-        add(v[i], 1);
-      }
+      for (int f = 0; f < kTile; ++f) v[i][f] = __ldcg(src + f * 32);
     }
-  } else {
-    constexpr int kSlotBytes = kSlot * 4;
-    constexpr int kDepth = kStageBytes / kSlotBytes < 4 ? kStageBytes / kSlotBytes : 4;
-    static_assert(kDepth >= 2, "the X stage buffer holds at least two partial tiles");
-    constexpr int kPieces = kSlot / 4, kThreads = WARPS * 32;  // 16-byte pieces per tile
-    // Ring slot s <- CTA c's partial (one commit group each; past b_hi an empty group keeps the count).
-    auto issue = [&](int64_t c, int s) {
-      if (c <= b_hi) {
-        const float* src = partial_of(c);
-        for (int i = threadIdx.x; i < kPieces; i += kThreads) cp_async16(stage + s * kSlot + i * 4, src + i * 4, true);
-      }
-      cp_async_commit();
-    };
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) issue(b_lo + d, d);
-    int s = 0;
-    for (int64_t c = b_lo; c <= b_hi; ++c) {
-      cp_async_wait_group<kDepth - 1>();  // CTA c's group is the oldest of the kDepth in flight
-      sync();                             // ... for every thread's pieces of it
-      add(stage + s * kSlot + base + lane, 32);
-      sync();  // slot s is read by every warp before it is refilled
-      issue(c + kDepth, s);
-      s = s + 1 == kDepth ? 0 : s + 1;
+    for (int i = 0; i < kBatch; ++i) {  // in CTA order: the sum is the same whatever the timing
+      if (c0 + i > b_hi) break;
+#pragma unroll
+      for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][nt][e] += v[i][(r * NT + nt) * 4 + e];
     }
-    cp_async_wait_all();  // only empty groups remain; nothing may land after the next segment's barrier
   }
   epilogue<T, NT, RW>(q, rt, g, t, acc);
   if (threadIdx.x == 0) p.counters[rg] = 0;  // leave the workspace as we found it
@@ -706,9 +661,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       if (seg == 0) decode_trace(4);
       continue;
     }
-    finish_split<T, NT, RW, WARPS, 2 * kXBuf * int(sizeof(T))>(p, q, b, G, units, rg, first_rg, rt, g, t, acc,
-                                                               &s_last, reinterpret_cast<float*>(x_smem),
-                                                               [] { __syncthreads(); }, seg == 0 ? 3 : 6);
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },
+                                   seg == 0 ? 3 : 6);
     if (seg == 0) decode_trace(4);
   }
   decode_trace(7);

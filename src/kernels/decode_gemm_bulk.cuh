@@ -214,9 +214,8 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, MINB) decode_gemm_bulk_kerne
       epilogue<T, NT, RW>(q, rt, g, t, acc[0]);
       continue;
     }
-    finish_split<T, NT, RW, WARPS, 2 * kXBuf * int(sizeof(T))>(p, q, b, G, units, rg, first_rg, rt, g, t, acc[0],
-                                                               &s_last, reinterpret_cast<float*>(x_smem),
-                                                               [] { consumer_sync<kConsumers>(); });
+    finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc[0], &s_last,
+                                   [] { consumer_sync<kConsumers>(); });
   }
 #endif
 }
