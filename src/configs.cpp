@@ -87,12 +87,12 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     const int pre = pick_prefill_config(m, n, k, cc_major, sms);
     const KernelConfig* c = pre >= 0 ? find_config(pre) : nullptr;
     const int s = c ? prefill_splits(*c, m, n, k, sms) : 0;
-    const int waves = f == Format::kMXFP4 ? 2 : 1;
+    const int waves = f == Format::kMXFP4 && s == 1 ? 2 : 1;
     if (c && prefill_tiles(*c, m, n) * s <= int64_t(waves) * sms) {
       if (why)
         *why = "m=" + std::to_string(m) + ": " + c->name + " (" + std::to_string(kSplitKMinM) + "-" +
                std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) + ": the prefill " +
-               "kernel's plan fits " + (waves == 1 ? "one wave" : "two waves (MXFP4)") + ", " +
+               "kernel's plan fits " + (waves == 1 ? "one wave" : "two waves (MXFP4, whole K)") + ", " +
                std::to_string(prefill_tiles(*c, m, n)) + " tiles x " + std::to_string(s) + " K splits on " +
                std::to_string(sms) + " SMs)";
       return pre;

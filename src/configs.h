@@ -128,16 +128,18 @@ const KernelConfig* find_config(int id);
 inline constexpr int64_t kPrefillMinM = 33;
 
 // From 17 tokens (and K >= 2048) on a cc 9.x device, the prefill kernel takes the launches whose plan
-// (prefill_tiles x prefill_splits) fits one wave of CTAs (NVFP4) or two (MXFP4). Measured at 73a7e62 and
-// eec31ce, every config at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json, sweep_m32_eec31ce.json):
-// - NVFP4: the split-K entry beat every decode entry on every one-wave layer (Llama-8B down 25.7 vs
-//   31.0 us, qkv 17.7 vs 19.3, o 14.1 vs 14.8; tp8 qkv 14.3 vs 17.1, gate_up 27.6 vs 29.5, down 18.4 vs
-//   19.3; Llama-70B o 28.5 vs 30.3, down 72.0 vs 74.7; gpt-oss attention 13.6 vs 14.0), while the decode
-//   kernel won where the plan needs a second wave (Llama-70B qkv 35.0 vs 42.2, gate_up 135.3 vs 157.0;
-//   Llama-8B gate_up a tie, 45.5 vs 45.3).
-// - MXFP4: the decode kernel is slower at 32 tokens (Llama-70B qkv 40.0 us, Llama-8B gate_up 51.7), so
-//   the prefill kernel also wins with two waves (Llama-8B gate_up 45.0; Llama-70B qkv 41.4, within 4%),
-//   not with four (Llama-70B gate_up 155.1 vs 138.5).
+// (prefill_tiles x prefill_splits) fits one wave of CTAs, or two for MXFP4 when K is not split. Every
+// config timed at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json and sweep_m32_eec31ce.json, NVFP4;
+// sweep_mx32_2ad813a_*.json, MXFP4):
+// - One wave: the split-K entry beat every decode entry on every such layer (NVFP4: Llama-8B down 25.7
+//   vs 31.0 us, qkv 17.7 vs 19.3, o 14.1 vs 14.8; tp8 qkv 14.3 vs 17.1, gate_up 27.6 vs 29.5, down 18.4
+//   vs 19.3; Llama-70B o 28.5 vs 30.3, down 72.0 vs 74.7; gpt-oss attention 13.6 vs 14.0. MXFP4: Llama-8B
+//   down 24.6 vs 34.2, Llama-70B o 28.5 vs 31.9).
+// - Two waves: the decode kernel won with NVFP4 (Llama-70B qkv 35.0 vs 42.2 us; Llama-8B gate_up a tie,
+//   45.5 vs 45.3) and with MXFP4 on a split plan (Llama-70B qkv, 80 tiles x 3 splits: 38.3 vs 41.2); the
+//   MXFP4 decode kernel is slower at 32 tokens, and the prefill kernel's whole-K plan beat it on Llama-8B
+//   gate_up (224 tiles: 45.2 vs 49.5).
+// - Four waves: the decode kernel (Llama-70B gate_up 135.3 vs 157.0 NVFP4, 136.3 vs 154.3 MXFP4).
 // - K = 1024 (the tp8 o shard): the decode kernel (9.3 vs 10.8): two K slices leave the prefill
 //   pipeline nothing to overlap.
 // At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs 25.7 us), and the prefill
@@ -147,7 +149,7 @@ inline constexpr int64_t kSplitKMinK = 2048;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
-// (prefill_cost); from kSplitKMinM, the same where its plan fits one wave (two for MXFP4; above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// (prefill_cost); from kSplitKMinM, the same where its plan fits one wave (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
 // 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
 // 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
 // row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,

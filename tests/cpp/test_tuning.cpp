@@ -180,10 +180,11 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(pick_config(32, 8192, 1024), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
   CHECK_EQ(pick_config(16, 4096, 14336), id_of("m16_r1_w8_b2_c8x2"));  // 16 tokens: decode
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("m32_r1_w8_b2_c4x2"));  // 128 CTAs > 100 SMs
-  // MXFP4: up to two waves.
+  // MXFP4: up to two waves when K is not split.
   const Format mx = Format::kMXFP4;
-  CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s8"));       // 224 tiles
-  CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s8_k8"));    // 80 tiles x 3 splits
+  CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s8"));          // 224 tiles
+  CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("m32_r1_w8_b2_c4x2"));  // 80 tiles x 3 splits
+  CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s8_k8"));        // one wave
   CHECK_EQ(pick_config(32, 57344, 8192, nullptr, 9, 0, mx), id_of("m32_r2_w8_b2_c2x2"));  // 448 tiles
   CHECK_EQ(pick_config(32, 8192, 1024, nullptr, 9, 0, mx), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
   CHECK_EQ(dispatch_config(mx, DType::kBF16, 32, 28672, 4096, kDev), id_of("p64_w8_s8"));
