@@ -44,13 +44,6 @@ int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int s
   return best;
 }
 
-int64_t prefill_ctas(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
-  if (sms <= 0) sms = kDefaultSms;
-  const int64_t tiles = prefill_tiles(c, m, n);
-  if (c.stream_k && tiles < sms) return std::min<int64_t>(sms, tiles * k_slices(k));
-  return tiles * prefill_splits(c, m, n, k, sms);
-}
-
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
   if (sms <= 0) sms = kDefaultSms;
   const int s = prefill_splits(c, m, n, k, sms);
@@ -64,7 +57,7 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) 
   double best_cost = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (!is_prefill(c) || c.stream_k || !config_supported(c, cc_major)) continue;
+    if (!is_prefill(c) || !config_supported(c, cc_major)) continue;
     const double cost = prefill_cost(c, m, n, k, sms);
     if (!best || cost < best_cost) {  // ties: the earlier entry (whole K before split)
       best = &c;

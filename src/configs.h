@@ -30,8 +30,6 @@ struct KernelConfig {
                        // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
   bool balanced = false;  // decode: grid = ceil(units / u) CTAs with u = ceil(units / resident CTAs), so every
                           // CTA gets u or u - 1 units (a host-side choice: same kernel as its twin)
-  bool stream_k = false;  // kWgmma: where the output tiles leave SMs idle, one CTA per SM over the (tile, K
-                          // slice) units (prefill_ctas); a host-side choice, same kernel as its twin
 };
 
 enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
@@ -113,12 +111,6 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {23, "p64_w8_s8_k8", 8, 1, 8, 1, 2, 8, kWgmma, 8},
     {24, "p128_w8_s5_k8", 16, 1, 8, 1, 2, 5, kWgmma, 8},
     {25, "p256_w8_s3_k8", 32, 1, 8, 1, 2, 3, kWgmma, 8},
-    // Stream-K twins: below one wave of tiles, min(SMs, units) CTAs share the (tile, 512-K slice) units
-    // evenly, a CTA's range running on from one tile into the next; the partials of a tile are summed in
-    // CTA order by its last CTA to arrive (deterministic). Not picked by the analytic default.
-    {35, "p64_w8_s8_sk", 8, 1, 8, 1, 2, 8, kWgmma, 1, false, true},
-    {36, "p128_w8_s5_sk", 16, 1, 8, 1, 2, 5, kWgmma, 1, false, true},
-    {37, "p256_w8_s3_sk", 32, 1, 8, 1, 2, 3, kWgmma, 1, false, true},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -177,9 +169,6 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
 // 0.5): CTA waves times the slices of a split plus half a slice for writing and summing partials (ties
 // to fewer splits).
 int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// CTAs of a prefill launch: tiles x prefill_splits, or for a stream_k entry whose tiles leave SMs idle
-// min(sms, tiles x ceil(k / 512)) (one wave over the units).
-int64_t prefill_ctas(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // Modelled time in arbitrary units: waves x (BN + 300) x (slices per CTA + 0.25 ramp, + 0.5 when split);
 // a CTA's time at K = 8192 fits ~0.17 us x (BN + 300) on the H200 (95, 73, 63 us for BN = 256, 128, 64):
 // the dequantisation per K is the same for every BN, the MMA work scales with it.

@@ -359,9 +359,7 @@ int main(int argc, char** argv) {
       auto applies = [&](const KernelConfig& c) {
         if (!config_supported(c, prop.major)) return false;
         if (is_prefill(c))
-          return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) &&
-                 (c.stream_k ? prefill_ctas(c, m, n, k, sms) != prefill_tiles(c, m, n)
-                             : c.max_splits <= 1 || prefill_splits(c, m, n, k, sms) > 1);
+          return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_splits(c, m, n, k, sms) > 1);
         if (m <= 64) {
           const int need = int((m + 7) / 8);
           return c.n_tiles >= need && c.n_tiles <= 2 * need;

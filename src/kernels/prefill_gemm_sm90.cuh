@@ -5,16 +5,12 @@
 //   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h; the same buffer the decode kernel
 //   reads, no second prepack), X/Y row-major in T (bf16/half), fp32 accumulation, the per-row fp32
 //   out_scale and the bias applied in fp32 before the cast (exactly the decode kernel's epilogue math).
-//   An output tile is 128 weight rows x BN tokens. The work is the (tile, 512-K slice) units, tile-major
-//   (tiles in raster order, see tile_coords); CTA b of the G launched owns units [b U / G, (b + 1) U / G)
-//   (stream-K), i.e. one or more segments: runs of slices of one tile. G = tiles: every CTA one whole
-//   tile (no workspace); G = tiles x s: split K, s contiguous slice ranges per tile; any other G: stream-K
-//   proper, where a CTA's range may end inside one tile and go on into the next. A segment that covers
-//   only part of its tile's K stores its fp32 partial tile in the workspace (slot b for the CTA's first
-//   segment, G + b for its last), and the last of the tile's CTAs to arrive (arrival counter) sums the
-//   partials in CTA order and runs the epilogue; it leaves the counter zeroed. The result is bitwise the
-//   same whatever the arrival order (deterministic).
-//   Launch: grid G (1-D), kThreads threads,
+//   One CTA computes 128 weight rows x BN tokens over its share of K: the whole K (splits = 1: no
+//   workspace), or split z of `splits` (a contiguous range of 512-K slices): each split stores its fp32
+//   partial tile in the workspace, and the last of the tile's splits to arrive (arrival counter) sums the
+//   partials in split order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is
+//   bitwise the same whatever the arrival order (deterministic).
+//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) * splits (1-D, see cta_tile), kThreads threads,
 //   Geometry<BN>::kSmem bytes of dynamic shared memory, X in lane order (below) described by a 2-D tensor
 //   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
 //   prefill.cu builds it). Rows >= n and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
@@ -123,10 +119,10 @@ struct PrefillParams {
   int m, n;
   int row_tiles, k_chunks, k_macros;
   int row_blocks, token_tiles;  // of 128 rows, of BN tokens
-  int* counters;                // grid != tiles: [row_blocks * token_tiles] arrival counters, zero between calls
-  float* partials;              // grid != tiles: [slot][kAcc / 4][kConsumerThreads] float4 partial tiles, slots
-                                // [0, grid) (first segments) and, for stream-K proper, [grid, 2 grid) (last)
-  PrefillGroup group;           // kGrouped only (grid = tiles: whole tiles; m = the rows of X and Y)
+  int splits;                   // K splits per tile: the grid is row_blocks * token_tiles * splits CTAs
+  int* counters;                // splits > 1: [row_blocks * token_tiles] arrival counters, zero between calls
+  float* partials;              // splits > 1: [tile][split][kAcc / 4][kConsumerThreads] float4 partial tiles
+  PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
 };
 
 // What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
@@ -139,14 +135,15 @@ template <typename T> struct CtaOperands {
   int tok_begin, tok_end;
 };
 
-// Tiles are numbered in groups of kRasterTokenTiles token tiles: consecutive tiles walk the group's token
+// CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
 // tiles fastest, then the row blocks, so a wave of ~132 CTAs touches ~33 row blocks' weights and 4 X
 // tiles (~16 MB + ~17 MB for K = 8192) that stay in L2, instead of 132 row blocks' weights (66 MB, more
-// than L2) that all token tiles would re-read from DRAM in row-block-major order. The CTAs that share a
-// tile's K are consecutive (they run in the same wave, so the last to arrive waits for no other wave).
+// than L2) that all token tiles would re-read from DRAM in row-block-major order. The K splits of a tile
+// are consecutive CTAs (they run in the same wave, so the last to arrive waits for no other wave).
 constexpr int kRasterTokenTiles = 4;
-__device__ __forceinline__ void tile_coords(const PrefillParams& p, int64_t tile, int& row_block, int& token_tile) {
-  const int b = int(tile);
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split) {
+  split = blockIdx.x % p.splits;
+  const int b = blockIdx.x / p.splits;
   const int per_group = p.row_blocks * kRasterTokenTiles;
   const int grp = b / per_group, rem = b % per_group;
   const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
@@ -358,24 +355,6 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
-// CTA b's units (see the contract) and the segments they make: one run of K slices [j_begin, j_end) of
-// one tile each. The producer and the consumers walk the same segments in the same order.
-struct Segment {
-  int64_t tile;
-  int j_begin, j_end;
-};
-__device__ __forceinline__ int64_t unit_start(int64_t b, int64_t units, int64_t G) { return b * units / G; }
-// The CTA that owns unit u: the last b with unit_start(b) <= u.
-__device__ __forceinline__ int64_t unit_owner(int64_t u, int64_t units, int64_t G) { return ((u + 1) * G - 1) / units; }
-__device__ __forceinline__ Segment next_tile_segment(int64_t& u, int64_t u_end, int k_macros) {
-  Segment sg;
-  sg.tile = u / k_macros;
-  sg.j_begin = int(u - sg.tile * k_macros);
-  sg.j_end = int(min(int64_t(k_macros), sg.j_begin + (u_end - u)));
-  u += sg.j_end - sg.j_begin;
-  return sg;
-}
-
 template <Format F, typename T, int BN, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
@@ -384,21 +363,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int S = G::kStages;
   extern __shared__ uint8_t prefill_smem[];
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
-  __shared__ int s_last;  // this CTA is the last to arrive at its segment's tile
+  __shared__ int s_last;  // split K: this CTA is the tile's last split to arrive
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
-  // Stream-K: CTA b owns units [u_begin, u_end) of the (tile, slice) space. Grouped launches have one
-  // CTA per tile (G = tiles), so their one segment is a whole tile.
-  const int64_t grid = gridDim.x, b = blockIdx.x;
-  const int64_t units = int64_t(p.row_blocks) * p.token_tiles * p.k_macros;
-  const int64_t u_begin = unit_start(b, units, grid), u_end = unit_start(b + 1, units, grid);
-  if constexpr (kGrouped) {
-    int rb, tt;
-    tile_coords(p, b, rb, tt);
-    CtaOperands<T> op;
-    if (!cta_operands<T, BN, kGrouped>(p, tt, op)) return;  // uniform, before any barrier
-  }
+  int row_block, token_tile, split;
+  cta_tile(p, row_block, token_tile, split);
+  CtaOperands<T> op;
+  if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
+  // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
+  // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
+  const int j_begin = int(int64_t(p.k_macros) * split / p.splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / p.splits);
+  const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -413,40 +390,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
-    // The ring position r runs on across segments: the next segment's stages are loaded while the
-    // consumers finish the current one (fixup, epilogue).
     setmaxnreg_dec<kProducerRegs>();
     if (warp != 4 * kConsumerWarpgroups) return;
     if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
-    int r = 0;
-    for (int64_t u = u_begin; u < u_end;) {
-      const Segment sg = next_tile_segment(u, u_end, p.k_macros);
-      int row_block, token_tile;
-      tile_coords(p, sg.tile, row_block, token_tile);
-      CtaOperands<T> op;
-      cta_operands<T, BN, kGrouped>(p, token_tile, op);
-      const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
-      const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
-      const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
-      const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
-      const int s_end = min(sg.j_end * kStagesPerSlice, n_stages);
-      for (int s = sg.j_begin * kStagesPerSlice; s < s_end; ++s, ++r) {
-        const int slot = r % S;
-        mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-        const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
-        const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
-        if (lane == 0) {
-          // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
-          // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
-          mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
-          tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
-          tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
-        }
-        __syncwarp();
-        if (copies)
-          bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
-                    uint32_t(nch * kRecordBytes), bar);
+    const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
+    const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
+    const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
+    const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
+    for (int s = s_begin; s < s_end; ++s) {
+      const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
+      mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
+      const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
+      if (lane == 0) {
+        // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
+        // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
+        mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
+        tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
+        tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
       }
+      __syncwarp();
+      if (copies)
+        bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
+                  uint32_t(nch * kRecordBytes), bar);
     }
     return;
   }
@@ -454,149 +420,133 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups: warp w (0..7) owns row tile rt = 8 * row_block + w, i.e. rows 16w..16w+15
   // of the CTA's 128, which is warpgroup w/4's wgmma rows 16 (w%4) .. +15.
   setmaxnreg_inc<kConsumerRegs>();
+  const int rt = row_block * kRowTilesPerCta + warp;
+  const bool rt_ok = rt < p.row_tiles;
   const uint64_t pol = evict_normal_policy();
-  const int ct = threadIdx.x;  // consumer thread 0 .. kConsumerThreads - 1
-  int r = 0;                   // ring position, as the producer's
-  for (int64_t u = u_begin; u < u_end;) {
-    const int64_t seg_u = u;
-    const Segment sg = next_tile_segment(u, u_end, p.k_macros);
-    int row_block, token_tile;
-    tile_coords(p, sg.tile, row_block, token_tile);
-    CtaOperands<T> op;
-    cta_operands<T, BN, kGrouped>(p, token_tile, op);
-    const int rt = row_block * kRowTilesPerCta + warp;
-    const bool rt_ok = rt < p.row_tiles;
-    const int r0 = r;  // the segment's first ring position
-    float acc[G::kAcc];
+  float acc[G::kAcc];
+#pragma unroll
+  for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+
+  ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
+  Scales<F, T> sc;
+  if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
+  else rec.zero();
+
+  // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
+  // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
+  for (int j = j_begin; j < j_end; ++j) {
+    sc.decode(rec.v);
+    if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+#pragma unroll
+    for (int q = 0; q < kStagesPerSlice; ++q) {
+      const int s = j * kStagesPerSlice + q;
+      if (s >= n_stages) break;  // uniform: only the last slice may be short
+      const int r = s - s_begin, slot = r % S;
+      mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
+      const uint32_t st = ring + slot * G::kStage;
+      const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
+      const uint64_t desc0 = sw128_desc(st);
+#pragma unroll
+      for (int i = 0; i < kStageChunks; ++i) {
+        // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
+        // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
+        // wgmmas run regardless: control flow around them made ptxas close each group with an extra
+        // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
+        const bool have = kStageChunks * s + i < p.k_chunks;
+        uint32_t a[4][4];
+        own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+        fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
+        fence_acc(acc);
+        wgmma_fence();  // A registers and accumulators were written by this thread
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
+          const uint32_t off = i * G::kXHalf + ks * 32;
+          Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
+        }
+        wgmma_commit();
+        fence_acc(acc);
+        wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
+        if (i == 0 && r > 0) {
+          // That group was stage s-1's last: hand its slot back to the producer.
+          // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
+          // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
+          // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
+          mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+        }
+      }
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
+  // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
+  // is past the matrix store and load nothing but take part in the barriers.
+  if (p.splits > 1) {
+    constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
+    const int ct = threadIdx.x;        // consumer thread 0 .. kConsumerThreads - 1
+    const int64_t tile = int64_t(row_block) * p.token_tiles + token_tile;
+    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * p.splits * (G::kPartialFloats / 4);
+    if (rt_ok) {
+      float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * p.splits + split) * (G::kPartialFloats / 4);
+#pragma unroll
+      for (int v = 0; v < kVec; ++v)
+        __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+    }
+    consumer_sync();
+    if (ct == 0) {
+      __threadfence();
+      const bool last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
+      if (last) __threadfence();
+      s_last = last;
+    }
+    consumer_sync();
+    if (!s_last) return;
 #pragma unroll
     for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
-
-    ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
-    Scales<F, T> sc;
-    if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + sg.j_begin) * 32 + lane, pol);
-    else rec.zero();
-
-    // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
-    // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
-    for (int j = sg.j_begin; j < sg.j_end; ++j) {
-      sc.decode(rec.v);
-      if (rt_ok && j + 1 < sg.j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+    if (rt_ok) {
+      constexpr int kBatch = 8;  // float4 loads in flight per thread
+      static_assert(kVec % kBatch == 0, "partial tile in whole batches");
 #pragma unroll
-      for (int q = 0; q < kStagesPerSlice; ++q) {
-        const int s = j * kStagesPerSlice + q;
-        if (s >= n_stages) break;  // uniform: only the last slice may be short
-        const int slot = r % S;
-        mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
-        const uint32_t st = ring + slot * G::kStage;
-        const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
-        const uint64_t desc0 = sw128_desc(st);
+      for (int v0 = 0; v0 < kVec; v0 += kBatch)
+        for (int z = 0; z < p.splits; ++z) {
+          const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
+          float4 x[kBatch];
 #pragma unroll
-        for (int i = 0; i < kStageChunks; ++i) {
-          // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
-          // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
-          // wgmmas run regardless: control flow around them made ptxas close each group with an extra
-          // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
-          const bool have = kStageChunks * s + i < p.k_chunks;
-          uint32_t a[4][4];
-          own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
-          fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
-          fence_acc(acc);
-          wgmma_fence();  // A registers and accumulators were written by this thread
+          for (int b = 0; b < kBatch; ++b) x[b] = __ldcg(src + (v0 + b) * kConsumerThreads);
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
-            const uint32_t off = i * G::kXHalf + ks * 32;
-            Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
-          }
-          wgmma_commit();
-          fence_acc(acc);
-          wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
-          if (i == 0 && r > r0) {
-            // That group was stage r-1's last: hand its slot back to the producer.
-            // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
-            // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
-            // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
-            mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+          for (int b = 0; b < kBatch; ++b) {
+            acc[4 * (v0 + b)] += x[b].x;
+            acc[4 * (v0 + b) + 1] += x[b].y;
+            acc[4 * (v0 + b) + 2] += x[b].z;
+            acc[4 * (v0 + b) + 3] += x[b].w;
           }
         }
-        ++r;
-      }
     }
-    wgmma_wait<0>();
-    fence_acc(acc);
-    mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));  // the segment's last stage (every group retired)
+    if (ct == 0) p.counters[tile] = 0;  // leave the workspace as we found it
+  }
 
-    // ---- a segment over part of its tile's K: store the partial tile, count the arrival; the last CTA
-    // sums all partials in CTA order (the same bits whatever the arrival order), then runs the epilogue.
-    // Warps whose row tile is past the matrix store and load nothing but take part in the barriers.
-    if (sg.j_begin != 0 || sg.j_end != p.k_macros) {
-      constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
-      constexpr int kSlot = G::kPartialFloats / 4;
-      float4* parts = reinterpret_cast<float4*>(p.partials);
-      if (rt_ok) {
-        float4* mine = parts + (seg_u == u_begin ? b : grid + b) * kSlot;
+  // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
+  // token 8j + 2t + e of the CTA's token tile.
+  if (!rt_ok) return;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = op.tok_begin;
+  T* y = static_cast<T*>(p.y);
+  const T* bias = op.bias;
 #pragma unroll
-        for (int v = 0; v < kVec; ++v)
-          __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+  for (int h = 0; h < 2; ++h) {
+    const int row = rt * 16 + g + 8 * h;
+    if (row >= p.n) continue;
+    const float f = op.out_scale[row];
+    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = tok0 + 8 * j + 2 * t + e;
+        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
       }
-      const int64_t t_lo = sg.tile * p.k_macros;
-      const int64_t c_lo = unit_owner(t_lo, units, grid), c_hi = unit_owner(t_lo + p.k_macros - 1, units, grid);
-      consumer_sync();
-      if (ct == 0) {
-        __threadfence();
-        const bool last = atomicAdd(&p.counters[sg.tile], 1) == int(c_hi - c_lo);
-        if (last) __threadfence();
-        s_last = last;
-      }
-      consumer_sync();
-      if (!s_last) continue;
-#pragma unroll
-      for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
-      if (rt_ok) {
-        constexpr int kBatch = 8;  // float4 loads in flight per thread
-        static_assert(kVec % kBatch == 0, "partial tile in whole batches");
-#pragma unroll
-        for (int v0 = 0; v0 < kVec; v0 += kBatch)
-          for (int64_t c = c_lo; c <= c_hi; ++c) {
-            // CTA c's partial of this tile: its first segment's slot if its range starts in this tile.
-            const int64_t slot = unit_start(c, units, grid) >= t_lo ? c : grid + c;
-            const float4* src = parts + slot * kSlot + ct;
-            float4 x[kBatch];
-#pragma unroll
-            for (int bb = 0; bb < kBatch; ++bb) x[bb] = __ldcg(src + (v0 + bb) * kConsumerThreads);
-#pragma unroll
-            for (int bb = 0; bb < kBatch; ++bb) {
-              acc[4 * (v0 + bb)] += x[bb].x;
-              acc[4 * (v0 + bb) + 1] += x[bb].y;
-              acc[4 * (v0 + bb) + 2] += x[bb].z;
-              acc[4 * (v0 + bb) + 3] += x[bb].w;
-            }
-          }
-      }
-      if (ct == 0) p.counters[sg.tile] = 0;  // leave the workspace as we found it
-    }
-
-    // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
-    // token 8j + 2t + e of the tile.
-    if (!rt_ok) continue;
-    const int g = lane >> 2, t = lane & 3;
-    const int tok0 = op.tok_begin;
-    T* y = static_cast<T*>(p.y);
-    const T* bias = op.bias;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = rt * 16 + g + 8 * h;
-      if (row >= p.n) continue;
-      const float f = op.out_scale[row];
-      const float bv = bias ? Act<T>::to_float(bias[row]) : 0.0f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = tok0 + 8 * j + 2 * t + e;
-          if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + bv);
-        }
-    }
   }
 #else
   __trap();  // built for another architecture: the plan never launches this

@@ -389,19 +389,6 @@ TEST(gemm_prefill_grid_exact_bitwise) {
         const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
         CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
-  // Stream-K: K = 24576 (48 slices) makes 144-432 (tile, slice) units of these 3-9 tiles, more than the
-  // SMs, so CTA ranges end inside a tile and run on into the next (two partial slots per CTA).
-  for (const char* name : {"p64_w8_s8_sk", "p128_w8_s5_sk", "p256_w8_s3_sk"})
-    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-      if (quick() && f == Format::kMXFP4) continue;
-      const int64_t m = 129, n = 272, k = 24576;
-      const detail::DecodePlan plan = plan_of(m, f, n, k, config_id(name));
-      CHECK_MSG(plan.stream_k && plan.grid < plan.units * plan.layout.k_macros && plan.grid % plan.units != 0,
-                name << ": expected a stream-K plan with ranges across tiles (grid " << plan.grid << ", tiles "
-                     << plan.units << ")");
-      const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id(name));
-      CHECK_MSG(diff == 0, format_name(f) << " " << name << ": " << diff << " outputs differ");
-    }
 }
 
 // Every prefill config (Hopper) at the m of the issue and at small m (a prefill config chosen for m = 1
@@ -459,8 +446,8 @@ TEST(gemm_prefill_real_shape) {
   if (!quick()) check_case(Format::kNVFP4, 512, 8192, 8192, false, config_id("p256_w8_s3"), true);
 }
 
-// Same inputs, same bits: the split-K and stream-K partials are summed in CTA order whatever the arrival
-// order (and the ring has no race).
+// Same inputs, same bits: the split-K partials are summed in split order whatever the arrival order (and
+// the ring has no race).
 TEST(gemm_prefill_deterministic) {
   if (!prefill_here()) return;
   for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
@@ -469,11 +456,9 @@ TEST(gemm_prefill_deterministic) {
     DeviceWeight dw;
     prepack_both(w, dw);
     const auto x = random_x(m, k, true);
-    for (const char* name : {"p128_w8_s5_k8", "p256_w8_s3", "p64_w8_s8_sk"}) {
+    for (const char* name : {"p128_w8_s5_k8", "p256_w8_s3"}) {
       if (std::string(name) == "p128_w8_s5_k8")
         CHECK_MSG(plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
-      if (std::string(name) == "p64_w8_s8_sk")  // 45 tiles x 9 slices on the SMs: ranges across tiles
-        CHECK_MSG(plan_of(m, f, n, k, config_id(name)).stream_k, name << ": expected a stream-K plan");
       const RunOut a = run(dw, x, nullptr, m, true, config_id(name)), b = run(dw, x, nullptr, m, true, config_id(name));
       CHECK_MSG(a.ok && b.ok && a.bits == b.bits, format_name(f) << " " << name << ": two runs differ");
     }

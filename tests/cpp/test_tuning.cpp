@@ -237,14 +237,6 @@ TEST(prefill_splits_rule) {
       CHECK(s >= 1 && s <= 8 && s <= (k + 511) / 512);
       CHECK(s == 1 || prefill_tiles(k8, m, 8192) * s <= 2 * 132);
     }
-  // Stream-K twins: one CTA per SM over the units where the tiles leave SMs idle, else one per tile.
-  const KernelConfig& sk = *find_config(id_of("p256_w8_s3_sk"));
-  CHECK(sk.stream_k && !k8.stream_k);
-  CHECK_EQ(prefill_ctas(sk, 256, 10240, 8192, 132), 132);   // 80 tiles x 16 slices
-  CHECK_EQ(prefill_ctas(sk, 256, 1280, 1024, 132), 20);     // 10 tiles x 2 slices: one CTA per unit
-  CHECK_EQ(prefill_ctas(sk, 1024, 10240, 8192, 132), 320);  // 320 tiles fill the SMs
-  CHECK_EQ(prefill_ctas(k8, 256, 10240, 8192, 132), 240);   // split K: tiles x splits
-  CHECK_EQ(prefill_ctas(whole, 256, 10240, 8192, 132), 80);
   // Config support: the prefill kernel and the bulk pipeline need Hopper.
   CHECK(config_supported(k8, 9));
   CHECK(!config_supported(k8, 8));
