@@ -8,6 +8,12 @@ namespace fp4kit {
 namespace {
 constexpr int kDefaultSms = 132;       // H100 SXM / H200
 constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x 16)
+// The prefill time model (configs.h): a CTA's time per 512-K slice ~ BN + kBnOverhead, plus kRampSlices
+// per CTA and kSplitSlices more when K is split; ~kUsPerUnit us per unit on the H200.
+constexpr double kBnOverhead = 50.0, kRampSlices = 2.0, kSplitSlices = 1.0, kUsPerUnit = 0.0193;
+// The decode kernel at 17-32 tokens: ~kDecodeFixedUs + weight bytes / kDecodeTbps (NVFP4), MXFP4 slower
+// by kDecodeMxFactor (configs.h).
+constexpr double kDecodeFixedUs = 13.0, kDecodeTbps = 2.14, kDecodeMxFactor = 1.1;
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t k_slices(int64_t k) { return std::max<int64_t>(1, cdiv(k, 512)); }  // = PackedLayout::k_macros
 }  // namespace
@@ -35,7 +41,7 @@ int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int s
   double best_cost = 0;
   for (int s = 1; s <= c.max_splits && s <= slices; ++s) {
     if (s > 1 && tiles * s > 2 * int64_t(sms)) break;
-    const double cost = double(cdiv(tiles * s, sms)) * (double(cdiv(slices, s)) + (s > 1 ? 0.5 : 0.0));
+    const double cost = double(cdiv(tiles * s, sms)) * (double(cdiv(slices, s)) + (s > 1 ? kSplitSlices : 0.0));
     if (s == 1 || cost < best_cost) {
       best = s;
       best_cost = cost;
@@ -48,8 +54,18 @@ double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int 
   if (sms <= 0) sms = kDefaultSms;
   const int s = prefill_splits(c, m, n, k, sms);
   const int64_t waves = cdiv(prefill_tiles(c, m, n) * s, sms);
-  return double(waves) * double(8 * c.n_tiles + 300) *
-         (double(cdiv(k_slices(k), s)) + 0.25 + (s > 1 ? 0.5 : 0.0));
+  return double(waves) * (8.0 * c.n_tiles + kBnOverhead) *
+         (double(cdiv(k_slices(k), s)) + kRampSlices + (s > 1 ? kSplitSlices : 0.0));
+}
+
+double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
+  return kUsPerUnit * prefill_cost(c, m, n, k, sms);
+}
+
+double decode_us_17_32(int64_t n, int64_t k, Format f) {
+  const double bits = f == Format::kMXFP4 ? 4.25 : 4.5;  // per weight, scales included
+  const double us = kDecodeFixedUs + double(n) * double(k) * bits / 8.0 / (kDecodeTbps * 1e6);
+  return f == Format::kMXFP4 ? us * kDecodeMxFactor : us;
 }
 
 int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) {
@@ -81,21 +97,23 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     }
     return prefill;
   }
-  // 17-32 tokens: the prefill kernel where its plan fits kSplitKWaves waves of CTAs on K >= 2048 (see
-  // kSplitKMinM in configs.h); else the decode kernel.
+  // 17-32 tokens, K >= 2048: whichever kernel the models make faster (see kSplitKMinM in configs.h).
   if (cc_major == 9 && m >= kSplitKMinM && m < kPrefillMinM && k >= kSplitKMinK) {
     const int pre = pick_prefill_config(m, n, k, cc_major, sms);
-    const KernelConfig* c = pre >= 0 ? find_config(pre) : nullptr;
-    const int s = c ? prefill_splits(*c, m, n, k, sms) : 0;
-    const int waves = f == Format::kMXFP4 && s == 1 ? 2 : 1;
-    if (c && prefill_tiles(*c, m, n) * s <= int64_t(waves) * sms) {
-      if (why)
-        *why = "m=" + std::to_string(m) + ": " + c->name + " (" + std::to_string(kSplitKMinM) + "-" +
-               std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) + ": the prefill " +
-               "kernel's plan fits " + (waves == 1 ? "one wave" : "two waves (MXFP4, whole K)") + ", " +
-               std::to_string(prefill_tiles(*c, m, n)) + " tiles x " + std::to_string(s) + " K splits on " +
-               std::to_string(sms) + " SMs)";
-      return pre;
+    if (pre >= 0) {
+      const KernelConfig& c = *find_config(pre);
+      const double pre_us = prefill_us(c, m, n, k, sms), dec_us = decode_us_17_32(n, k, f);
+      if (pre_us < dec_us) {
+        if (why) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "modelled %.1f us against the decode kernel's %.1f", pre_us, dec_us);
+          *why = "m=" + std::to_string(m) + ": " + c.name + " (" + std::to_string(kSplitKMinM) + "-" +
+                 std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) +
+                 ": the prefill kernel, " + buf + "; " + std::to_string(prefill_tiles(c, m, n)) + " tiles x " +
+                 std::to_string(prefill_splits(c, m, n, k, sms)) + " K splits on " + std::to_string(sms) + " SMs)";
+        }
+        return pre;
+      }
     }
   }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens

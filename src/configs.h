@@ -127,29 +127,24 @@ const KernelConfig* find_config(int id);
 // Past 64 tokens the decode kernel would also re-read the weights once per 64-token launch.
 inline constexpr int64_t kPrefillMinM = 33;
 
-// From 17 tokens (and K >= 2048) on a cc 9.x device, the prefill kernel takes the launches whose plan
-// (prefill_tiles x prefill_splits) fits one wave of CTAs, or two for MXFP4 when K is not split. Every
-// config timed at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json and sweep_m32_eec31ce.json, NVFP4;
-// sweep_mx32_2ad813a_*.json, MXFP4):
-// - One wave: the split-K entry beat every decode entry on every such layer (NVFP4: Llama-8B down 25.7
-//   vs 31.0 us, qkv 17.7 vs 19.3, o 14.1 vs 14.8; tp8 qkv 14.3 vs 17.1, gate_up 27.6 vs 29.5, down 18.4
-//   vs 19.3; Llama-70B o 28.5 vs 30.3, down 72.0 vs 74.7; gpt-oss attention 13.6 vs 14.0. MXFP4: Llama-8B
-//   down 24.6 vs 34.2, Llama-70B o 28.5 vs 31.9).
-// - Two waves: the decode kernel won with NVFP4 (Llama-70B qkv 35.0 vs 42.2 us; Llama-8B gate_up a tie,
-//   45.5 vs 45.3) and with MXFP4 on a split plan (Llama-70B qkv, 80 tiles x 3 splits: 38.3 vs 41.2); the
-//   MXFP4 decode kernel is slower at 32 tokens, and the prefill kernel's whole-K plan beat it on Llama-8B
-//   gate_up (224 tiles: 45.2 vs 49.5).
-// - Four waves: the decode kernel (Llama-70B gate_up 135.3 vs 157.0 NVFP4, 136.3 vs 154.3 MXFP4).
-// - K = 1024 (the tp8 o shard): the decode kernel (9.3 vs 10.8): two K slices leave the prefill
-//   pipeline nothing to overlap.
-// At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs 25.7 us), and the prefill
-// kernel's time is the same for 17-64 tokens.
+// From 17 tokens (and K >= 2048) on a cc 9.x device the two kernels are compared by model: the prefill
+// kernel's least-cost entry (prefill_us) against the decode kernel's ~13 us + weight bytes / 2.14 TB/s,
+// x 1.1 for MXFP4 (decode_us_17_32). Every config timed at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json,
+// sweep_m32_eec31ce.json, sweep_mx32_2ad813a_*.json; both models fit to them) - the pick is the faster:
+// - the prefill kernel on Llama-8B down (25.7 vs 31.0 us), qkv (17.7 vs 19.3), o (14.1 vs 14.8); the tp8
+//   qkv (14.3 vs 17.1), gate_up (27.6 vs 29.5) and down (18.4 vs 19.3) shards; Llama-70B o (28.5 vs
+//   30.3) and down (72.0 vs 74.7); gpt-oss attention (13.6 vs 14.0); MXFP4 Llama-8B gate_up (45.2 vs 49.5);
+// - the decode kernel on Llama-70B qkv (35.0 vs 42.2; MXFP4 38.3 vs 41.2) and gate_up (135.3 vs 157.0),
+//   and Llama-8B gate_up NVFP4 (a tie, 45.5 vs 45.3).
+// K = 1024 (the tp8 o shard) stays on the decode kernel (9.3 vs 10.8 us: two K slices leave the prefill
+// pipeline nothing to overlap). At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs
+// 25.7 us), and the prefill kernel's time is the same for 17-64 tokens.
 inline constexpr int64_t kSplitKMinM = 17;
 inline constexpr int64_t kSplitKMinK = 2048;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
-// (prefill_cost); from kSplitKMinM, the same where its plan fits one wave (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// (prefill_cost); from kSplitKMinM, the same where the models make it faster (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
 // 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
 // 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
 // row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,
@@ -166,12 +161,19 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major = 9, int s
 int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
 // K splits: 1 when the tiles fill the SMs (or the entry has max_splits 1); else the s in [1, min(max_splits,
 // ceil(k / 512))] with tiles * s <= 2 * sms that minimises ceil(tiles * s / sms) * (ceil(slices / s) +
-// 0.5): CTA waves times the slices of a split plus half a slice for writing and summing partials (ties
-// to fewer splits).
+// 1): CTA waves times the slices of a split plus one slice for writing and summing partials (ties to
+// fewer splits).
 int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// Modelled time in arbitrary units: waves x (BN + 300) x (slices per CTA + 0.25 ramp, + 0.5 when split);
-// a CTA's time at K = 8192 fits ~0.17 us x (BN + 300) on the H200 (95, 73, 63 us for BN = 256, 128, 64):
-// the dequantisation per K is the same for every BN, the MMA work scales with it.
+// Modelled time in arbitrary units: waves x (BN + 50) x (slices per CTA + 2, + 1 when split). Fitted at
+// 4f72ab6 to every config at m = 64-512 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention
+// (56 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheap and a slice costs
+// about its MMA work (BN) plus a little; a CTA pays ~2 slices of pipeline fill and epilogue, a split one
+// more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and favoured
+// BN = 256 on small layers (up to 54% slower than the best config, 17 of the 56 points past 5%; now 1).
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
+// The same in microseconds on an H200 (~0.0193 us per unit: a BN = 64 slice ~2.2 us).
+double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
+// The decode kernel's modelled time at 17-32 tokens (the n_tiles = 4 entries), microseconds on an H200.
+double decode_us_17_32(int64_t n, int64_t k, Format f);
 
 }  // namespace fp4kit

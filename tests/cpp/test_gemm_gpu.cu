@@ -466,7 +466,7 @@ TEST(gemm_prefill_deterministic) {
 }
 
 // Dispatch on this device: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on a
-// Hopper device and from kSplitKMinM where its plan fits one wave (8192 x 8192 on 132 SMs does; a decode
+// Hopper device and from kSplitKMinM where the models make it faster (8192 x 8192 on 128+ SMs; a decode
 // config elsewhere), and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {
   const int major = device_major();

@@ -169,7 +169,7 @@ TEST(analytic_default_rule) {
 }
 
 TEST(analytic_default_split_k) {
-  // Hopper, 17-32 tokens: the prefill kernel where its plan fits one wave and K >= 2048, else decode.
+  // Hopper, 17-32 tokens, K >= 2048: the kernel the models make faster (prefill_us, decode_us_17_32).
   CHECK_EQ(kSplitKMinM, 17);
   CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
   CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
@@ -190,12 +190,14 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(dispatch_config(mx, DType::kBF16, 32, 28672, 4096, kDev), id_of("p64_w8_s8"));
   std::string why;
   pick_config(32, 8192, 8192, &why);
-  CHECK_MSG(why.find("fits one wave") != std::string::npos, why);
+  CHECK_MSG(why.find("the prefill kernel, modelled") != std::string::npos, why);
+  CHECK(prefill_us(*find_config(id_of("p64_w8_s8_k8")), 32, 8192, 8192, 132) < decode_us_17_32(8192, 8192, Format::kNVFP4));
+  CHECK(decode_us_17_32(8192, 8192, mx) > decode_us_17_32(8192, 8192, Format::kNVFP4));
 }
 
 TEST(analytic_default_prefill) {
   // Hopper: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on and from kSplitKMinM
-  // where its plan fits one wave; Ampere: never.
+  // where the models make it faster; Ampere: never.
   CHECK_EQ(kPrefillMinM, 33);
   for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
@@ -206,16 +208,21 @@ TEST(analytic_default_prefill) {
   std::string why;
   pick_config(256, 8192, 8192, &why);
   CHECK(why.find("prefill kernel from m >= 33") != std::string::npos);
-  // Llama-3.3-70B layers on 132 SMs: m = 256 leaves SMs idle on the 8192- and 10240-row layers, so K is
-  // split (2 and 3 ways with 256-token tiles); gate_up (448 row blocks) and every layer at m >= 512 fill
-  // the device with whole-K 256-token tiles; m = 128 takes 128-token tiles.
-  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
-  CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  // Llama-3.3-70B layers on 132 SMs (measured at 4f72ab6, docs/prefill-notes.md): at m = 256 o takes
+  // 128 whole-K tiles of 128 tokens (61.4 us, against 61.9 split 2 ways with 256-token tiles), qkv 80
+  // whole-K tiles of 256 (88.6 against 96.0 split 3 ways), down 256-token tiles split 2 ways; gate_up (448
+  // row blocks) and every layer at m >= 512 fill the device with whole-K 256-token tiles; m = 128 takes
+  // 128-token tiles. Small layers take smaller tiles: the tp8 qkv shard at m = 256, 64-token tiles split
+  // 3 ways (25.1 us against 38.6 for the 256-token tiles the former model chose).
+  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5"));
+  CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
   CHECK_EQ(pick_config(256, 8192, 28672, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  CHECK_EQ(pick_config(256, 1280, 8192, nullptr, 9, 132), id_of("p64_w8_s8_k8"));
   CHECK_EQ(pick_config(256, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
   CHECK_EQ(pick_config(128, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
   for (int64_t m : {512, 1024, 4096, 16384}) {
     CHECK_EQ(pick_config(m, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+    if (m >= 2048) CHECK_EQ(pick_config(m, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
     CHECK_EQ(pick_config(m, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
   }
 }
