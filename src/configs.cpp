@@ -10,7 +10,7 @@ constexpr int kDefaultSms = 132;       // H100 SXM / H200
 constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x 16)
 // The prefill time model (configs.h): a CTA's time per 512-K slice ~ BN + kBnOverhead, plus kRampSlices
 // per CTA and kSplitSlices more when K is split; ~kUsPerUnit us per unit on the H200.
-constexpr double kBnOverhead = 50.0, kRampSlices = 2.0, kSplitSlices = 1.0, kUsPerUnit = 0.0193;
+constexpr double kBnOverhead = 125.0, kRampSlices = 3.0, kSplitSlices = 1.0, kUsPerUnit = 0.0111;
 // The decode kernel at 17-32 tokens: ~kDecodeFixedUs + weight bytes / kDecodeTbps (NVFP4), MXFP4 slower
 // by kDecodeMxFactor (configs.h).
 constexpr double kDecodeFixedUs = 13.0, kDecodeTbps = 2.14, kDecodeMxFactor = 1.1;

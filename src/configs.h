@@ -164,14 +164,15 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
 // 1): CTA waves times the slices of a split plus one slice for writing and summing partials (ties to
 // fewer splits).
 int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// Modelled time in arbitrary units: waves x (BN + 50) x (slices per CTA + 2, + 1 when split). Fitted at
-// 4f72ab6 to every config at m = 64-512 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention
-// (56 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheap and a slice costs
-// about its MMA work (BN) plus a little; a CTA pays ~2 slices of pipeline fill and epilogue, a split one
-// more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and favoured
-// BN = 256 on small layers (up to 54% slower than the best config, 17 of the 56 points past 5%; now 1).
+// Modelled time in arbitrary units: waves x (BN + 125) x (slices per CTA + 3, + 1 when split). Fitted to
+// every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
+// 84 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheaper than it was and a
+// slice costs more nearly its MMA work (BN); a CTA pays ~3 slices of pipeline fill and epilogue, a split
+// one more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and
+// favoured BN = 256 on small layers (up to 54% slower than the best config; 24 of the 84 points past 5%,
+// now none).
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// The same in microseconds on an H200 (~0.0193 us per unit: a BN = 64 slice ~2.2 us).
+// The same in microseconds on an H200 (~0.0111 us per unit, fitted at m = 32: a BN = 64 slice ~2.1 us).
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // The decode kernel's modelled time at 17-32 tokens (the n_tiles = 4 entries), microseconds on an H200.
 double decode_us_17_32(int64_t n, int64_t k, Format f);
