@@ -18,6 +18,12 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t k_slices(int64_t k) { return std::max<int64_t>(1, cdiv(k, 512)); }  // = PackedLayout::k_macros
 }  // namespace
 
+// "T tiles x S K splits on N SMs": the prefill plan, for the analytic default's explanations.
+static std::string prefill_plan_text(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
+  return std::to_string(prefill_tiles(c, m, n)) + " tiles x " + std::to_string(prefill_splits(c, m, n, k, sms)) +
+         " K splits on " + std::to_string(sms) + " SMs";
+}
+
 const KernelConfig* kernel_configs(int* count) {
   if (count) *count = kNumKernelConfigs;
   return kKernelConfigs;
@@ -63,7 +69,7 @@ double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sm
 }
 
 double decode_us_17_32(int64_t n, int64_t k, Format f) {
-  const double bits = f == Format::kMXFP4 ? 4.25 : 4.5;  // per weight, scales included
+  const double bits = 4.0 + 8.0 / group_size(f);  // per weight, with its share of a one-byte block scale
   const double us = kDecodeFixedUs + double(n) * double(k) * bits / 8.0 / (kDecodeTbps * 1e6);
   return f == Format::kMXFP4 ? us * kDecodeMxFactor : us;
 }
@@ -92,13 +98,12 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.0f", prefill_cost(best, m, n, k, sms));
       *why = "m=" + std::to_string(m) + ": " + best.name + " (prefill kernel from m >= " + std::to_string(kPrefillMinM) +
-             " on cc 9.x: least modelled time " + buf + ", " + std::to_string(prefill_tiles(best, m, n)) + " tiles x " +
-             std::to_string(prefill_splits(best, m, n, k, sms)) + " K splits on " + std::to_string(sms) + " SMs)";
+             " on cc 9.x: least modelled time " + buf + ", " + prefill_plan_text(best, m, n, k, sms) + ")";
     }
     return prefill;
   }
-  // 17-32 tokens, K >= 2048: whichever kernel the models make faster (see kSplitKMinM in configs.h).
-  if (cc_major == 9 && m >= kSplitKMinM && m < kPrefillMinM && k >= kSplitKMinK) {
+  // 17-32 tokens, K >= 2048: whichever kernel the models make faster (see kCrossoverMinM in configs.h).
+  if (cc_major == 9 && m >= kCrossoverMinM && m < kPrefillMinM && k >= kCrossoverMinK) {
     const int pre = pick_prefill_config(m, n, k, cc_major, sms);
     if (pre >= 0) {
       const KernelConfig& c = *find_config(pre);
@@ -107,10 +112,9 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
         if (why) {
           char buf[96];
           std::snprintf(buf, sizeof buf, "modelled %.1f us against the decode kernel's %.1f", pre_us, dec_us);
-          *why = "m=" + std::to_string(m) + ": " + c.name + " (" + std::to_string(kSplitKMinM) + "-" +
-                 std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kSplitKMinK) +
-                 ": the prefill kernel, " + buf + "; " + std::to_string(prefill_tiles(c, m, n)) + " tiles x " +
-                 std::to_string(prefill_splits(c, m, n, k, sms)) + " K splits on " + std::to_string(sms) + " SMs)";
+          *why = "m=" + std::to_string(m) + ": " + c.name + " (" + std::to_string(kCrossoverMinM) + "-" +
+                 std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kCrossoverMinK) +
+                 ": the prefill kernel, " + buf + "; " + prefill_plan_text(c, m, n, k, sms) + ")";
         }
         return pre;
       }

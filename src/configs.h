@@ -139,12 +139,12 @@ inline constexpr int64_t kPrefillMinM = 33;
 // K = 1024 (the tp8 o shard) stays on the decode kernel (9.3 vs 10.8 us: two K slices leave the prefill
 // pipeline nothing to overlap). At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs
 // 25.7 us), and the prefill kernel's time is the same for 17-64 tokens.
-inline constexpr int64_t kSplitKMinM = 17;
-inline constexpr int64_t kSplitKMinK = 2048;
+inline constexpr int64_t kCrossoverMinM = 17;
+inline constexpr int64_t kCrossoverMinK = 2048;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
-// (prefill_cost); from kSplitKMinM, the same where the models make it faster (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
+// (prefill_cost); from kCrossoverMinM, the same where the models make it faster (above). Otherwise the decode kernel: the smallest n_tiles that covers m (m > 64 runs in
 // 64-token blocks), then the entry the table lists first for it; on layers of >= 2^28 weights (2^27 from
 // 32 tokens per launch) the first entry with the most row tiles per warp (B fragments reused over two
 // row tiles pay where row groups are plentiful: measured on Llama-70B gate_up at m = 16, 104 vs 111 us,

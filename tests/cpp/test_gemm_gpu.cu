@@ -466,7 +466,7 @@ TEST(gemm_prefill_deterministic) {
 }
 
 // Dispatch on this device: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on a
-// Hopper device and from kSplitKMinM where the models make it faster (8192 x 8192 on 128+ SMs; a decode
+// Hopper device and from kCrossoverMinM where the models make it faster (8192 x 8192 on 128+ SMs; a decode
 // config elsewhere), and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {
   const int major = device_major();
@@ -475,7 +475,7 @@ TEST(gemm_dispatch_by_m) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   for (int64_t m : {int64_t(1), int64_t(16), int64_t(32), kPrefillMinM, int64_t(64), int64_t(256), int64_t(4096)}) {
     const detail::DecodePlan plan = plan_of(m, Format::kNVFP4, 8192, 8192, -1);
-    const bool want_prefill = major == 9 && (m >= kPrefillMinM || (m >= kSplitKMinM && sms >= 128));
+    const bool want_prefill = major == 9 && (m >= kPrefillMinM || (m >= kCrossoverMinM && sms >= 128));
     CHECK_MSG(plan.cfg && is_prefill(*plan.cfg) == want_prefill,
               "m=" << m << ": dispatch picked " << (plan.cfg ? plan.cfg->name : "nothing"));
     size_t ws = 0;

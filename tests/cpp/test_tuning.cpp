@@ -170,7 +170,7 @@ TEST(analytic_default_rule) {
 
 TEST(analytic_default_split_k) {
   // Hopper, 17-32 tokens, K >= 2048: the kernel the models make faster (prefill_us, decode_us_17_32).
-  CHECK_EQ(kSplitKMinM, 17);
+  CHECK_EQ(kCrossoverMinM, 17);
   CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
   CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
   CHECK_EQ(pick_config(32, 1280, 8192), id_of("p64_w8_s8_k8"));    // 10 tiles x 8 splits
@@ -196,12 +196,12 @@ TEST(analytic_default_split_k) {
 }
 
 TEST(analytic_default_prefill) {
-  // Hopper: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on and from kSplitKMinM
+  // Hopper: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on and from kCrossoverMinM
   // where the models make it faster; Ampere: never.
   CHECK_EQ(kPrefillMinM, 33);
   for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
-      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM || (m >= kSplitKMinM && n <= 8192));
+      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
       CHECK(!is_prefill(*find_config(pick_config(m, n, 8192, nullptr, 8))));
       CHECK(config_supported(*find_config(pick_config(m, n, 8192, nullptr, 8)), 8));
     }
