@@ -1,6 +1,7 @@
 // fp4kit-trace-decode: where one decode GEMM call's time goes, from timestamps taken inside the kernel.
 //
 //   fp4kit-trace-decode [--shapes N:K,N:K,...] [--m 1] [--runs 20] [--config ID]
+//                       [--ablate 0,1,2,3 [--json FILE --commit HASH]]
 //
 // The register-ring decode kernel is compiled here with FP4KIT_DECODE_TRACE (the library's copy has no
 // timestamps); launches use the library's own plan (grid, row groups, workspace). Thread 0 of every CTA
@@ -10,6 +11,10 @@
 // past 2x L2 (cold), NVFP4, m = 1 (config m8_r1_w8_b3_c8x1) or m = 16 (m16_r1_w8_b2_c4x2).
 // Printed per shape (medians over runs; per-CTA phases as medians over CTAs): graph per-call time of the
 // same kernel, the kernel's span (first entry to last exit), CTA entry spread, exit spread, and the phases.
+// --ablate instead times the same kernel (graph per-call time, best of 3 graphs) with parts switched off
+// (decode_gemm.cuh, g_decode_ablate): 1 no dequantise-and-multiply (the loads stay), 2 no stream-K fixup
+// (split segments write their partial results: wrong output), 3 both; each row also the time of the weight
+// bytes at 4.25 TB/s. --json writes those rows with device, commit and date.
 #define FP4KIT_DECODE_TRACE 1
 #include <cuda_runtime.h>
 
@@ -51,7 +56,10 @@ int main(int argc, char** argv) {
       {"shapes", "10240:8192,8192:8192,57344:8192,8192:28672,6144:4096,4096:4096,28672:4096,4096:14336"},
       {"m", "1"},
       {"runs", "20"},
-      {"config", ""}};
+      {"config", ""},
+      {"ablate", ""},
+      {"json", ""},
+      {"commit", "unknown"}};
   for (int i = 1; i + 1 < argc; i += 2) opt[std::string(argv[i]).substr(2)] = argv[i + 1];
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -91,9 +99,13 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, config %s, SM clock %.2f GHz; times in us (medians)\n", prop.name, m, cfg->name, ghz);
-  std::printf("%-12s %6s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s\n", "shape", "grid", "graph", "span", "entry",
+  if (!opt["ablate"].empty())
+    std::printf("%-12s %6s %7s  then graph us per ablation\n", "shape", "grid", "roof us");
+  else
+    std::printf("%-12s %6s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s\n", "shape", "grid", "graph", "span", "entry",
               "exit", "first", "loop0", "count0", "fin0", "seg1", "tail");
 
+  std::vector<std::string> rows;  // --ablate: JSON rows
   for (const std::string& sh : split(opt["shapes"])) {
     long long n = 0, k = 0;
     if (std::sscanf(sh.c_str(), "%lld:%lld", &n, &k) != 2) {
@@ -144,6 +156,31 @@ int main(int argc, char** argv) {
     unsigned long long* null_trace = nullptr;
     CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &null_trace, sizeof(null_trace)));
     const double graph_us = graph_time_us(s, std::max(copies, 8), 100, launch);
+    if (!opt["ablate"].empty()) {
+      const double roof_us = double(l.weights_bytes + l.scales_bytes) / 4.25e6;
+      std::printf("%-12s %6d %7.1f roof", sh.c_str(), plan.grid, roof_us);
+      for (const std::string& a : split(opt["ablate"])) {
+        const int bits = std::atoi(a.c_str());
+        CK(cudaMemcpyToSymbol(kernels::g_decode_ablate, &bits, sizeof(bits)));
+        double best = 1e30;
+        for (int r = 0; r < 3; ++r) best = std::min(best, graph_time_us(s, std::max(copies, 8), 100, launch));
+        std::printf(" %7.1f a%d", best, bits);
+        char row[256];
+        std::snprintf(row, sizeof row,
+                      "{\"n\": %lld, \"k\": %lld, \"m\": %d, \"config\": \"%s\", \"grid\": %d, \"ablate\": %d, "
+                      "\"us\": %.3f, \"roofline_us\": %.3f}",
+                      n, k, m, cfg->name, plan.grid, bits, best, roof_us);
+        rows.push_back(row);
+      }
+      const int zero = 0;
+      CK(cudaMemcpyToSymbol(kernels::g_decode_ablate, &zero, sizeof(zero)));
+      std::printf("\n");
+      for (void* p : wp) CK(cudaFree(p));
+      CK(cudaFree(x));
+      CK(cudaFree(y));
+      if (ws) CK(cudaFree(ws));
+      continue;
+    }
 
     unsigned long long* dtrace = nullptr;
     CK(cudaMalloc(&dtrace, size_t(plan.grid) * 16 * 8));
@@ -191,6 +228,24 @@ int main(int argc, char** argv) {
     CK(cudaFree(x));
     CK(cudaFree(y));
     if (ws) CK(cudaFree(ws));
+  }
+  if (!opt["ablate"].empty()) {
+    std::printf("a0: the kernel; a1: no dequantise-and-multiply; a2: no stream-K fixup; a3: neither; roof: weight\n"
+                "bytes at 4.25 TB/s (graph per-call times, best of 3 graphs of 100 replays)\n");
+    if (!opt["json"].empty()) {
+      FILE* f = std::fopen(opt["json"].c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "fp4kit-trace-decode: cannot write %s\n", opt["json"].c_str());
+        return 2;
+      }
+      std::fprintf(f, "{\"tool\": \"fp4kit-trace-decode --ablate\", \"device\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\", \"rows\": [\n",
+                   json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str());
+      for (size_t i = 0; i < rows.size(); ++i) std::fprintf(f, "  %s%s\n", rows[i].c_str(), i + 1 < rows.size() ? "," : "");
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+      std::printf("wrote %s\n", opt["json"].c_str());
+    }
+    return 0;
   }
   std::printf("graph: per-call time in a CUDA graph; span: first CTA entry to last CTA exit (globaltimer);\n"
               "entry/exit: spread of CTA entry/exit times; first: entry to first stage multiplied; loop0: rest of\n"

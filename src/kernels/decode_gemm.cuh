@@ -126,10 +126,18 @@ __device__ __forceinline__ void decode_trace_global(int i) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   if (threadIdx.x == 0 && g_decode_trace) g_decode_trace[blockIdx.x * 16 + i] = t;
 }
+// Ablations (same tool): g_decode_ablate bit 1 replaces the dequantise-and-multiply of every stage by an
+// XOR of its records (the loads stay), bit 2 lets every split segment write its own partial result as if
+// it were whole (no partials, no arrival count, no last-arrival sum; the output is then wrong). What a
+// call costs without them says what each part adds to the stream.
+__device__ int g_decode_ablate;
+__device__ __forceinline__ bool decode_ablate(int bit) { return (g_decode_ablate & bit) != 0; }
 #else
 __device__ __forceinline__ void decode_trace(int) {}
 __device__ __forceinline__ void decode_trace_global(int) {}
+__device__ __forceinline__ constexpr bool decode_ablate(int) { return false; }
 #endif
+constexpr int kAblateCompute = 1, kAblateFixup = 2;
 
 // ---- Programmatic dependent launch (sm_90; no-ops elsewhere and when the launch did not ask for it) ---
 // A kernel launched with the programmatic-stream-serialisation attribute may start while the previous
@@ -700,13 +708,22 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
           if (j + 1 < j1) load_scale_records<F, RW>(rec, q, rt, j + 1, lane, pol);
         }
-        compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
+        if (decode_ablate(kAblateCompute)) {
+          uint32_t h = 0;
+#pragma unroll
+          for (int r = 0; r < RW; ++r)
+#pragma unroll
+            for (int i = 0; i < CH; ++i) h ^= ring[d].w[r][i].x ^ ring[d].w[r][i].y ^ ring[d].w[r][i].z ^ ring[d].w[r][i].w;
+          acc[0][0][0] += __uint_as_float(h & 0x3FFFFFFFu);
+        } else {
+          compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
+        }
         if (seg == 0 && cs == c_begin) decode_trace(1);  // the CTA's first stage is in and multiplied
       }
     }
     decode_trace(seg == 0 ? 2 : 5);
 
-    if (j0 == 0 && j1 == p.k_macros) {  // the whole K: finish here
+    if ((j0 == 0 && j1 == p.k_macros) || decode_ablate(kAblateFixup)) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
       if (seg == 0) decode_trace(4);
       continue;
