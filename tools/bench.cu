@@ -262,12 +262,13 @@ int main(int argc, char** argv) {
     std::fprintf(fjson,
                  "{\n  \"tool\": \"fp4kit-bench\",\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %zu,\n"
                  "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"suite\": \"%s\",\n  \"complete\": %s,\n"
-                 "  \"method\": \"CUDA graph of >= 8 calls over rotating weight copies (> 2x L2), median of %d replays; "
+                 "  \"method\": \"after %.0f ms of the same calls (steady clocks), CUDA graph of >= 8 calls over rotating "
+                 "weight copies (> 2x L2), median of %d replays; "
                  "where a graph takes over 2 ms (large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one "
                  "warm-up: each row's replays, graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; "
                  "cuBLASLt best of heuristic top-8\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
-                 date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", replays, kBudgetMs,
+                 date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", kWarmMs, replays, kBudgetMs,
                  rows.str().c_str());
     std::fclose(fjson);
     return true;

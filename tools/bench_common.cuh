@@ -163,13 +163,36 @@ double eager_time_us(cudaStream_t s, int copies, int iters, Fn fn, int warmups =
   return median_event_ms(s, iters, [&](int r) { fn(r % copies); }) * 1000.0;
 }
 
+// Sustained load before timing: calls of fn for at least `ms` of GPU time. Clocks under a long weight
+// stream settle below where they start after an idle moment; without this, whatever is timed first
+// after a pause (allocation, fills, the host's check) ran faster than the same kernel timed later (up to
+// ~10% on the largest Llama-70B layer, config-dependent). Every measurement starts from that steady state.
+constexpr double kWarmMs = 150.0;
+template <typename Fn>
+void warm_up(cudaStream_t s, Fn fn, double call_us, double ms = kWarmMs) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int batch = std::max(1, std::min(64, int(ms * 1e3 / 4 / std::max(1.0, call_us))));
+  CK(cudaEventRecord(a, s));
+  float el = 0;
+  for (int i = 0; el < ms;) {
+    for (int j = 0; j < batch; ++j) fn(i++);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    CK(cudaEventElapsedTime(&el, a, b));
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+}
+
 // A graph-timed and an eager-timed measurement with the counts it used. Calls run over rotating weight
 // copies (fn(i) uses copy i % copies, all of them together > 2x the L2: every call streams cold weights).
 // Short calls (a graph of max(copies, 8) calls under 2 ms): that graph, `replays_max` replays and as many
 // eager calls, 3 warm-ups each (the decode method, unchanged). Long calls (large m, where the weights are
 // re-read from L2 many times per call and a cold start matters little): a graph of max(copies, 8) calls
 // or fewer (>= 2, <= ~25 ms), replays for ~kBudgetMs of graph time (>= 5), eager calls for ~kBudgetMs / 4
-// (>= 3), one warm-up each. The row records the counts.
+// (>= 3), one warm-up each. Both after warm_up's sustained load. The row records the counts.
 struct Measured {
   double us = 0, eager_us = 0;
   int calls = 0, replays = 0, eager_iters = 0;
@@ -188,6 +211,7 @@ Measured measure(cudaStream_t s, int copies, int replays_max, Fn fn, bool eager 
     r.replays = std::max(5, std::min(replays_max, int(kBudgetMs * 1e3 / (probe_us * r.calls))));
     r.eager_iters = std::max(3, std::min(replays_max, int(kBudgetMs * 1e3 / 4 / probe_us)));
   }
+  warm_up(s, fn, probe_us);
   r.us = graph_time_us(s, r.calls, r.replays, fn, long_call ? 1 : 3);
   if (eager) r.eager_us = eager_time_us(s, copies, r.eager_iters, fn, long_call ? 1 : 3);
   else r.eager_iters = 0;
