@@ -167,6 +167,15 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p, uint64_t policy) {
                : "l"(p), "l"(policy));
   return v;
 }
+// A CTA's arrival at a split tile (one thread, after a barrier over the threads whose partial stores it
+// publishes): returns the count before it. acq_rel at gpu scope: release makes the CTA's partials (ordered
+// before it by the barrier) visible with the count, acquire lets the last arrival read the others'. One
+// atomic instead of a fence, an atomic and a second fence.
+__device__ __forceinline__ int count_arrival(int* counter) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -509,8 +518,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RW][NT][4]) {
 // This tail runs after the weight stream has ended, so each step is a whole L2 round trip on the
 // kernel's critical path (ablation on the H200, Llama-70B o at m = 1: ~4 us of ~20 without it):
 //   - One thread (tid 0 of the WARPS warps that computed) publishes for the CTA: barrier, then one
-//     acq_rel atomic (release: the barrier made the CTA's partial stores visible to it; acquire: the last
-//     arrival then reads the others' partials). No separate fences.
+//     acq_rel atomic (count_arrival), no separate fences.
 //   - Compact partials: when the row group's m x rows outputs are few (m <= 2 at one 16-row tile per warp),
 //     a CTA parks only those (not the MMA fragments, 8 tokens wide), and the last arrival gives each thread
 //     one output and reads all CTAs' values for it at once (16 loads in flight): one round trip for up to
@@ -558,11 +566,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
         for (int e = 0; e < 4; ++e) __stcg(mine + base + ((r * NT + nt) * 4 + e) * 32 + lane, acc[r][nt][e]);
   }
   sync();
-  if (threadIdx.x == 0) {
-    int old;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(&p.counters[rg]) : "memory");
-    *s_last = old == n_parts - 1;
-  }
+  if (threadIdx.x == 0) *s_last = count_arrival(&p.counters[rg]) == n_parts - 1;
   sync();
   decode_trace(trace_slot);
   if (!*s_last) return;

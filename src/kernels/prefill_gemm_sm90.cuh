@@ -495,12 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
     }
     consumer_sync();
-    if (ct == 0) {
-      __threadfence();
-      const bool last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
-      if (last) __threadfence();
-      s_last = last;
-    }
+    if (ct == 0) s_last = kernels::count_arrival(&p.counters[tile]) == p.splits - 1;
     consumer_sync();
     if (!s_last) return;
 #pragma unroll
