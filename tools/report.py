@@ -26,6 +26,11 @@ import sys
 from pathlib import Path
 
 
+def steady_note(d):
+    """', after a warm-up of the same calls (steady clocks)' when the JSON's method says so."""
+    return ", after a warm-up of the same calls (steady clocks)" if "steady clocks" in d.get("method", "") else ""
+
+
 def _tables():
     """python/fp4kit/tables.py as a module of its own (it imports only the standard library)."""
     path = Path(__file__).resolve().parent.parent / "python" / "fp4kit" / "tables.py"
@@ -151,7 +156,8 @@ def prefill_readme_table(d):
     ms = sorted({r["m"] for r in rows})
     models = sorted({r["model"] for r in rows})
     out = [f"**{', '.join(models)}, decode and prefill kernels** on {d['device']}, commit `{d['commit']}`, {d['date']} "
-           f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs over rotating weight copies; cell = "
+           f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs over rotating weight copies"
+           f"{steady_note(d)}; cell = "
            "speedup over cuBLASLt BF16 measured in the same run; decode rows: best decode config / % of the 4.25 TB/s "
            "copy roofline; prefill rows: best prefill config / TFLOP/s; dispatch rows: what gemm() picks "
            "(D: decode, P: prefill).", ""]
@@ -200,7 +206,8 @@ def readme_table(runs):
         ms = sorted({r["m"] for r in rows})
         models = sorted({r["model"] for r in rows})
         out.append(f"**{', '.join(models)}** on {d['device']}, commit `{d['commit']}`, {d['date']} "
-                   f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs with cold weights; "
+                   f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs with cold weights"
+                   f"{steady_note(d)}; "
                    "cell = speedup over cuBLASLt BF16 measured in the same run / FP4 weight bytes (codes + "
                    "scales) per second as % of the 4.25 TB/s copy roofline.")
         out.append("")
