@@ -81,3 +81,11 @@ def test_prefill_plot(tmp_path):
     out = subprocess.run([sys.executable, str(REPORT), str(_prefill_run(tmp_path)), "--plot", str(tmp_path / "plots")],
                          capture_output=True, text=True, check=True)
     assert (tmp_path / "plots" / "prefill_speedup_llama-3.3-70b.png").stat().st_size > 1000, out.stdout
+
+
+def test_table_header_states_the_steady_clock_method():
+    """The table text mentions the warm-up only where the JSON's method says the run used it."""
+    rep = _report()
+    assert "steady clocks" in rep.steady_note({"method": "after 150 ms of the same calls (steady clocks), CUDA graph"})
+    assert rep.steady_note({"method": "CUDA graph of >= 8 calls over rotating weight copies"}) == ""
+    assert rep.steady_note({}) == ""
