@@ -446,15 +446,10 @@ int main(int argc, char** argv) {
   }
 
   if (!opt["tune"].empty()) {
-    FILE* ft = std::fopen(opt["tune"].c_str(), "w");
-    if (!ft) {
-      std::fprintf(stderr, "fp4kit-bench: cannot write %s\n", opt["tune"].c_str());
-      return 2;
-    }
-    std::fprintf(ft, "fp4kit-tuning 1\n# written by %s (commit %s)\ndevice %s\n%s",
-                 tuner ? "fp4kit-tune" : "fp4kit-bench --tune", opt["commit"].c_str(), prop.name, tuning.str().c_str());
-    std::fclose(ft);
-    std::printf("wrote tuning table %s (load it with FP4KIT_TUNING_TABLE=%s)\n", opt["tune"].c_str(), opt["tune"].c_str());
+    const std::string table = std::string("fp4kit-tuning 1\n# written by ") + (tuner ? "fp4kit-tune" : "fp4kit-bench --tune") +
+                              " (commit " + opt["commit"] + ")\ndevice " + prop.name + "\n" + tuning.str();
+    if (!write_file(opt["tune"], table, "fp4kit-bench")) return 2;
+    std::printf("load the tuning table with FP4KIT_TUNING_TABLE=%s\n", opt["tune"].c_str());
   }
   if (!opt["json"].empty()) {
     if (!write_json(true)) return 2;

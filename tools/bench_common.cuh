@@ -260,6 +260,16 @@ inline std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// Writes `text` to `path`; false (and a line naming `tool` and the path on stderr) when it cannot.
+inline bool write_file(const std::string& path, const std::string& text, const char* tool) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) std::fclose(f);
+  if (!ok) std::fprintf(stderr, "%s: cannot write %s\n", tool, path.c_str());
+  else std::printf("wrote %s\n", path.c_str());
+  return ok;
+}
+
 inline std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);

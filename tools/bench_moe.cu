@@ -8,7 +8,7 @@
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
 // random routings (top-k distinct experts per token, uniform), one CUDA graph of R calls (call i uses
 // routing i, so consecutive calls touch different experts and read them from HBM), median of the
-// replays, per-call time, after 100-150 ms of the same calls (bench_common's warm_up: steady clocks).
+// replays, per-call time, after 150 ms of the same calls (bench_common's warm_up: steady clocks).
 // T > 64 (bench_common's measure(), one probe call first): when R calls take over
 // 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
 // graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
         if (T <= kShortT) {
           m.calls = kRoutings;
           m.replays = replays;
-          warm_up(stream, call, 100.0);  // bench_common: time from a steady state
+          warm_up(stream, call, 0.0);  // bench_common: time from a steady state
           m.us = graph_time_us(stream, kRoutings, replays, call);
         } else {
           m = measure(stream, kRoutings, replays, call, /*eager=*/false);
@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(fj,
                  "{\n  \"tool\": \"fp4kit-bench-moe\",\n  \"device\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
-                 "  \"method\": \"after 100-150 ms of the same calls (steady clocks), CUDA graph of %d calls with "
+                 "  \"method\": \"after 150 ms of the same calls (steady clocks), CUDA graph of %d calls with "
                  "different random routings, median of %d replays "
                  "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "

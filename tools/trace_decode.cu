@@ -99,12 +99,58 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, config %s, SM clock %.2f GHz; times in us (medians)\n", prop.name, m, cfg->name, ghz);
-  if (!opt["ablate"].empty())
+  const bool ablate = !opt["ablate"].empty();
+  if (ablate)
     std::printf("%-12s %6s %7s  then graph us per ablation\n", "shape", "grid", "roof us");
   else
     std::printf("%-12s %6s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %7s\n", "shape", "grid", "graph", "span", "entry",
               "exit", "first", "loop0", "count0", "fin0", "seg1", "tail");
 
+  // The timeline of one shape: `runs` traced calls after two warm-ups, per-CTA phases as medians.
+  auto trace_shape = [&](const std::string& sh, int grid, double graph_us, auto&& launch) {
+    unsigned long long* dtrace = nullptr;
+    CK(cudaMalloc(&dtrace, size_t(grid) * 16 * 8));
+    CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &dtrace, sizeof(dtrace)));
+    std::vector<unsigned long long> h(size_t(grid) * 16);
+    std::vector<double> span, entry, exitv, first, loop0, count0, fin0, seg1, tail;
+    for (int r = 0; r < runs + 2; ++r) {
+      CK(cudaMemset(dtrace, 0, size_t(grid) * 16 * 8));
+      launch(r);
+      CK(cudaStreamSynchronize(s));
+      if (r < 2) continue;  // warm-up
+      CK(cudaMemcpy(h.data(), dtrace, h.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long g0 = ~0ull, g1 = 0, e1 = 0, x0 = ~0ull;
+      std::vector<double> f, l0, c0, f0, s1, tl;
+      for (int b = 0; b < grid; ++b) {
+        const unsigned long long* t = &h[size_t(b) * 16];
+        g0 = std::min(g0, t[8]);
+        e1 = std::max(e1, t[8]);
+        g1 = std::max(g1, t[9]);
+        x0 = std::min(x0, t[9]);
+        auto d = [&](int a, int z) { return double(t[z] - t[a]) / ghz * 1e-3; };
+        if (t[1]) f.push_back(d(0, 1));
+        if (t[1] && t[2]) l0.push_back(d(1, 2));
+        if (t[3]) c0.push_back(d(2, 3));
+        if (t[4]) f0.push_back(d(t[3] ? 3 : 2, 4));
+        if (t[5]) s1.push_back(d(4, 5));
+        tl.push_back(d(t[5] ? 5 : 4, 7));
+      }
+      span.push_back(double(g1 - g0) * 1e-3);
+      entry.push_back(double(e1 - g0) * 1e-3);
+      exitv.push_back(double(g1 - x0) * 1e-3);
+      first.push_back(med(f));
+      loop0.push_back(med(l0));
+      count0.push_back(med(c0));
+      fin0.push_back(med(f0));
+      seg1.push_back(med(s1));
+      tail.push_back(med(tl));
+    }
+    std::printf("%-12s %6d %7.1f %7.1f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", sh.c_str(), grid,
+                graph_us, med(span), med(entry), med(exitv), med(first), med(loop0), med(count0), med(fin0), med(seg1),
+                med(tail));
+    std::fflush(stdout);
+    CK(cudaFree(dtrace));
+  };
   std::vector<std::string> rows;  // --ablate: JSON rows
   for (const std::string& sh : split(opt["shapes"])) {
     long long n = 0, k = 0;
@@ -152,11 +198,9 @@ int main(int argc, char** argv) {
       p.y = y;
       fn<<<plan.grid, plan.threads, plan.smem_bytes, s>>>(p);
     };
-    // Graph time without timestamps.
-    unsigned long long* null_trace = nullptr;
+    unsigned long long* null_trace = nullptr;  // graph times without timestamps
     CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &null_trace, sizeof(null_trace)));
-    const double graph_us = graph_time_us(s, std::max(copies, 8), 100, launch);
-    if (!opt["ablate"].empty()) {
+    if (ablate) {
       const double roof_us = double(l.weights_bytes + l.scales_bytes) / 4.25e6;
       std::printf("%-12s %6d %7.1f roof", sh.c_str(), plan.grid, roof_us);
       for (const std::string& a : split(opt["ablate"])) {
@@ -175,81 +219,28 @@ int main(int argc, char** argv) {
       const int zero = 0;
       CK(cudaMemcpyToSymbol(kernels::g_decode_ablate, &zero, sizeof(zero)));
       std::printf("\n");
-      for (void* p : wp) CK(cudaFree(p));
-      CK(cudaFree(x));
-      CK(cudaFree(y));
-      if (ws) CK(cudaFree(ws));
-      continue;
+    } else {
+      trace_shape(sh, plan.grid, graph_time_us(s, std::max(copies, 8), 100, launch), launch);
     }
-
-    unsigned long long* dtrace = nullptr;
-    CK(cudaMalloc(&dtrace, size_t(plan.grid) * 16 * 8));
-    CK(cudaMemcpyToSymbol(kernels::g_decode_trace, &dtrace, sizeof(dtrace)));
-    std::vector<unsigned long long> h(size_t(plan.grid) * 16);
-    std::vector<double> span, entry, exitv, first, loop0, count0, fin0, seg1, tail;
-    for (int r = 0; r < runs + 2; ++r) {
-      CK(cudaMemset(dtrace, 0, size_t(plan.grid) * 16 * 8));
-      launch(r);
-      CK(cudaStreamSynchronize(s));
-      if (r < 2) continue;  // warm-up
-      CK(cudaMemcpy(h.data(), dtrace, h.size() * 8, cudaMemcpyDeviceToHost));
-      unsigned long long g0 = ~0ull, g1 = 0, e1 = 0, x0 = ~0ull;
-      std::vector<double> f, l0, c0, f0, s1, tl;
-      for (int b = 0; b < plan.grid; ++b) {
-        const unsigned long long* t = &h[size_t(b) * 16];
-        g0 = std::min(g0, t[8]);
-        e1 = std::max(e1, t[8]);
-        g1 = std::max(g1, t[9]);
-        x0 = std::min(x0, t[9]);
-        auto d = [&](int a, int z) { return double(t[z] - t[a]) / ghz * 1e-3; };
-        if (t[1]) f.push_back(d(0, 1));
-        if (t[1] && t[2]) l0.push_back(d(1, 2));
-        if (t[3]) c0.push_back(d(2, 3));
-        if (t[4]) f0.push_back(d(t[3] ? 3 : 2, 4));
-        if (t[5]) s1.push_back(d(4, 5));
-        tl.push_back(d(t[5] ? 5 : 4, 7));
-      }
-      span.push_back(double(g1 - g0) * 1e-3);
-      entry.push_back(double(e1 - g0) * 1e-3);
-      exitv.push_back(double(g1 - x0) * 1e-3);
-      first.push_back(med(f));
-      loop0.push_back(med(l0));
-      count0.push_back(med(c0));
-      fin0.push_back(med(f0));
-      seg1.push_back(med(s1));
-      tail.push_back(med(tl));
-    }
-    std::printf("%-12s %6d %7.1f %7.1f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", sh.c_str(), plan.grid,
-                graph_us, med(span), med(entry), med(exitv), med(first), med(loop0), med(count0), med(fin0), med(seg1),
-                med(tail));
-    std::fflush(stdout);
-    CK(cudaFree(dtrace));
     for (void* p : wp) CK(cudaFree(p));
     CK(cudaFree(x));
     CK(cudaFree(y));
     if (ws) CK(cudaFree(ws));
   }
-  if (!opt["ablate"].empty()) {
+  if (ablate) {
     std::printf("a0: the kernel; a1: no dequantise-and-multiply; a2: no stream-K fixup; a3: neither; roof: weight\n"
                 "bytes at 4.25 TB/s (graph per-call times, best of 3 graphs of 100 replays)\n");
     if (!opt["json"].empty()) {
-      FILE* f = std::fopen(opt["json"].c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "fp4kit-trace-decode: cannot write %s\n", opt["json"].c_str());
-        return 2;
-      }
-      std::fprintf(f, "{\"tool\": \"fp4kit-trace-decode --ablate\", \"device\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\", \"rows\": [\n",
-                   json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str());
-      for (size_t i = 0; i < rows.size(); ++i) std::fprintf(f, "  %s%s\n", rows[i].c_str(), i + 1 < rows.size() ? "," : "");
-      std::fprintf(f, "]}\n");
-      std::fclose(f);
-      std::printf("wrote %s\n", opt["json"].c_str());
+      std::string j = "{\"tool\": \"fp4kit-trace-decode --ablate\", \"device\": \"" + json_escape(prop.name) +
+                      "\", \"commit\": \"" + json_escape(opt["commit"]) + "\", \"date\": \"" + utc_now() + "\", \"rows\": [\n";
+      for (size_t i = 0; i < rows.size(); ++i) j += "  " + rows[i] + (i + 1 < rows.size() ? ",\n" : "\n");
+      if (!write_file(opt["json"], j + "]}\n", "fp4kit-trace-decode")) return 2;
     }
     return 0;
   }
   std::printf("graph: per-call time in a CUDA graph; span: first CTA entry to last CTA exit (globaltimer);\n"
               "entry/exit: spread of CTA entry/exit times; first: entry to first stage multiplied; loop0: rest of\n"
-              "the first segment's main loop; count0: partial stores + fence + arrival count; fin0: last arrival's\n"
+              "the first segment's main loop; count0: partial stores + arrival count; fin0: last arrival's\n"
               "partial sum + epilogue (or the epilogue); seg1: second segment; tail: end of last segment to exit.\n");
   return 0;
 }

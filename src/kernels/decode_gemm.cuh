@@ -521,8 +521,8 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RW][NT][4]) {
 //     acq_rel atomic (count_arrival), no separate fences.
 //   - Compact partials: when the row group's m x rows outputs are few (m <= 2 at one 16-row tile per warp),
 //     a CTA parks only those (not the MMA fragments, 8 tokens wide), and the last arrival gives each thread
-//     one output and reads all CTAs' values for it at once (16 loads in flight): one round trip for up to
-//     16 partials instead of one per 4 (Llama-3.1-8B and tp8 layers: 7-26% faster at m = 1).
+//     one output and reads it from kCompactBatch CTAs at once: one round trip per 8 partials instead of
+//     one per 4, and an eighth of the bytes (Llama-3.1-8B and tp8 layers: 7-26% faster at m = 1).
 //   - Otherwise each thread reads its own fragments of up to kBatch CTAs at once.
 // `sync` is a barrier over exactly those WARPS warps (threads 0 .. WARPS * 32 - 1); `s_last` a shared int.
 template <typename T, int NT, int RW, int WARPS, class Sync>
@@ -539,15 +539,15 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
   const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
   const int n_parts = int(b_hi - b_lo + 1);
-  // Compact when its read passes (one per WARPS * 32 outputs, each with up to 16 partials in flight) are
-  // no more than the fragment layout's (up to kBatch partials each). Every CTA of the row group decides
-  // alike (same m, same count).
-  // (Entries of up to 8 tokens only: wider ones would spill for a path they rarely take.)
+  // Compact when its read passes (one per WARPS * 32 outputs, each with up to kCompactBatch partials in
+  // flight) are no more than the fragment layout's (up to kBatch partials each). Every CTA of the row group
+  // decides alike (same m, same count). Entries of up to 8 tokens only (NT == 1, folded at compile time):
+  // wider ones would spill for a path they rarely take.
   const int passes = (q.m * kRowsG + WARPS * 32 - 1) / (WARPS * 32);
   const bool compact = NT == 1 && passes * ((n_parts + kCompactBatch - 1) / kCompactBatch) <= (n_parts + kBatch - 1) / kBatch;
   float* mine = p.partials + (b * 2 + (rg == first_rg ? 0 : 1)) * int64_t(kSlot);
   const int base = (warp * RW) * NT * 128;
-  if (NT == 1 && compact) {  // [token][row of the group]
+  if (compact) {  // [token][row of the group]
 #pragma unroll
     for (int r = 0; r < RW; ++r)
 #pragma unroll
@@ -574,7 +574,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   // b_lo in slot 1 if it started in an earlier row group. CTA c0 + i's slot 0 is i * 2 * kSlot floats on.
   const int lo_slot = (b_lo * units / G) < lo_u ? 1 : 0;
   auto slot_of = [&](int64_t c0, int i) { return i == 0 && c0 == b_lo ? lo_slot * kSlot : i * 2 * kSlot; };
-  if (NT == 1 && compact) {
+  if (compact) {
     const int lrg = rt[0] / RW / WARPS;
     const T* bias = static_cast<const T*>(q.bias);
     for (int f = threadIdx.x; f < q.m * kRowsG; f += WARPS * 32) {
