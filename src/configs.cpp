@@ -11,6 +11,9 @@ constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x
 // The prefill time model (configs.h): a CTA's time per 512-K slice ~ BN + kBnOverhead, plus kRampSlices
 // per CTA and kSplitSlices more when K is split; ~kUsPerUnit us per unit on the H200.
 constexpr double kBnOverhead = 125.0, kRampSlices = 3.0, kSplitSlices = 1.0, kUsPerUnit = 0.0111;
+// A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
+// are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
+constexpr double kSplitMinGain = 0.97;
 // The decode kernel at 17-32 tokens: ~kDecodeFixedUs + weight bytes / kDecodeTbps (NVFP4), MXFP4 slower
 // by kDecodeMxFactor (configs.h).
 constexpr double kDecodeFixedUs = 13.0, kDecodeTbps = 2.14, kDecodeMxFactor = 1.1;
@@ -18,10 +21,13 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t k_slices(int64_t k) { return std::max<int64_t>(1, cdiv(k, 512)); }  // = PackedLayout::k_macros
 }  // namespace
 
-// "T tiles x S K splits on N SMs": the prefill plan, for the analytic default's explanations.
+// "T tiles, [the last R] split K S ways, on N SMs": the prefill schedule, for the analytic default's explanations.
 static std::string prefill_plan_text(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
-  return std::to_string(prefill_tiles(c, m, n)) + " tiles x " + std::to_string(prefill_splits(c, m, n, k, sms)) +
-         " K splits on " + std::to_string(sms) + " SMs";
+  const PrefillSchedule sc = prefill_schedule(c, m, n, k, sms);
+  const int64_t tiles = prefill_tiles(c, m, n);
+  if (sc.splits == 1) return std::to_string(tiles) + " tiles, whole K, on " + std::to_string(sms) + " SMs";
+  return std::to_string(tiles) + " tiles, " + (sc.split_tiles < tiles ? "the last " + std::to_string(sc.split_tiles) + " " : "") +
+         "split K " + std::to_string(sc.splits) + " ways, on " + std::to_string(sms) + " SMs";
 }
 
 const KernelConfig* kernel_configs(int* count) {
@@ -39,29 +45,35 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n) {
   return cdiv(n, kPrefillRows) * cdiv(m, 8 * int64_t(c.n_tiles));
 }
 
-int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
+PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
   if (sms <= 0) sms = kDefaultSms;
   const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k);
-  if (c.max_splits <= 1 || tiles >= sms) return 1;
-  int best = 1;
-  double best_cost = 0;
-  for (int s = 1; s <= c.max_splits && s <= slices; ++s) {
-    if (s > 1 && tiles * s > 2 * int64_t(sms)) break;
-    const double cost = double(cdiv(tiles * s, sms)) * (double(cdiv(slices, s)) + (s > 1 ? kSplitSlices : 0.0));
-    if (s == 1 || cost < best_cost) {
-      best = s;
-      best_cost = cost;
+  PrefillSchedule best;  // s = 1: ceil(tiles / sms) whole-K waves
+  double best_cost = double(cdiv(tiles, sms)) * (double(slices) + kRampSlices);
+  for (int s = 2; s <= c.max_splits && s <= slices; ++s)
+    for (int64_t w = 0; w * sms < tiles; ++w) {  // tail = tiles - w sms > 0
+      const int64_t tail = tiles - w * sms;
+      if (tail * s > 2 * int64_t(sms)) continue;
+      const double cost = double(w) * (double(slices) + kRampSlices) +
+                          double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + kSplitSlices);
+      // Against whole K the margin; among splits the cheapest (ties: fewer splits, then fewer whole waves).
+      if (best.splits == 1 ? cost < best_cost * kSplitMinGain : cost < best_cost) {
+        best = {s, tail};
+        best_cost = cost;
+      }
     }
-  }
   return best;
 }
 
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
   if (sms <= 0) sms = kDefaultSms;
-  const int s = prefill_splits(c, m, n, k, sms);
-  const int64_t waves = cdiv(prefill_tiles(c, m, n) * s, sms);
-  return double(waves) * (8.0 * c.n_tiles + kBnOverhead) *
-         (double(cdiv(k_slices(k), s)) + kRampSlices + (s > 1 ? kSplitSlices : 0.0));
+  const PrefillSchedule sc = prefill_schedule(c, m, n, k, sms);
+  const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k), whole = tiles - sc.split_tiles;
+  double slices_per_cta = double(cdiv(whole, sms)) * (double(slices) + kRampSlices);
+  if (sc.splits > 1)
+    slices_per_cta += double(cdiv(sc.split_tiles * sc.splits, sms)) *
+                      (double(cdiv(slices, sc.splits)) + kRampSlices + kSplitSlices);
+  return (8.0 * c.n_tiles + kBnOverhead) * slices_per_cta;
 }
 
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {

@@ -41,7 +41,7 @@ enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
 //   min_blocks CTAs per SM (1: the ring takes the shared memory)
 //   chunks     64-K chunks per ring stage (2: 128 K)
 //   stages     ring stages (what fits in 220 KB: 8 / 5 / 3 for BN = 64 / 128 / 256; prefill.cu checks it)
-//   max_splits most K splits (prefill_splits picks the count per shape)
+//   max_splits most K splits (prefill_schedule picks the count per shape)
 constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma; }
 
 // Whether a device of compute capability major runs the config (the bulk pipeline and the prefill kernel
@@ -159,13 +159,23 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major = 9, int s
 // Prefill scheduling model, shared by the plan and the analytic default (host only).
 // Output tiles of a prefill entry: ceil(n / 128) row blocks x ceil(m / BN) token tiles.
 int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
-// K splits: 1 when the tiles fill the SMs (or the entry has max_splits 1); else the s in [1, min(max_splits,
-// ceil(k / 512))] with tiles * s <= 2 * sms that minimises ceil(tiles * s / sms) * (ceil(slices / s) +
-// 1): CTA waves times the slices of a split plus one slice for writing and summing partials (ties to
-// fewer splits).
-int prefill_splits(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// Modelled time in arbitrary units: waves x (BN + 125) x (slices per CTA + 3, + 1 when split). Fitted to
-// every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
+// How a prefill launch covers its tiles: the first `tiles - split_tiles` (in launch order) run whole K, one
+// CTA each; the last `split_tiles` run split K, `splits` CTAs each (a contiguous range of 512-K slices per
+// split, summed through the workspace). Whole waves of whole-K tiles followed by a split tail: a layer whose
+// tiles make 3.4 waves (Llama-70B gate_up at m = 256: 448 tiles on 132 SMs) runs 3 waves and splits the
+// last 52 tiles 2 ways into one short wave, instead of a fourth full wave; a sub-wave layer splits every
+// tile (split_tiles = tiles). Chosen by the model below: over w whole waves (0 .. tiles / SMs) and s in
+// [1, min(max_splits, ceil(k / 512))] with (tiles - w SMs) x s <= 2 x SMs, the least
+// w (slices + ramp) + ceil((tiles - w SMs) s / SMs) (ceil(slices / s) + ramp + 1); s = 1 (no split, the
+// cost of every w alike) unless a split is >= 3% cheaper; among splits the cheapest, ties to fewer splits,
+// then fewer whole waves.
+struct PrefillSchedule {
+  int splits = 1;
+  int64_t split_tiles = 0;  // 0 when splits == 1
+};
+PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
+// Modelled time in arbitrary units: the schedule's whole-K waves x (slices + 3) plus its split waves x
+// (slices per split + 3 + 1), all x (BN + 125). Fitted (before the split tail) to every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
 // 84 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheaper than it was and a
 // slice costs more nearly its MMA work (BN); a CTA pays ~3 slices of pipeline fill and epilogue, a split
 // one more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and

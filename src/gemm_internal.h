@@ -13,7 +13,7 @@ namespace detail {
 // The launch plan of either kernel (the name is the decode kernel's, which the MoE layer plans with too).
 // Decode (kRing, kBulk): persistent stream-K CTAs over (row group, K slice) units, one launch per m_block
 // tokens. Prefill (kWgmma): per pass of pass_m tokens, X into lane order, then one launch of row_groups
-// (128-row blocks) x token_tiles x splits CTAs.
+// (128-row blocks) x token_tiles tiles, the last split_tiles of them split K `splits` ways.
 struct DecodePlan {
   const KernelConfig* cfg = nullptr;
   const void* kernel = nullptr;  // the instantiated kernel for (format, act, cfg)
@@ -23,9 +23,10 @@ struct DecodePlan {
   int64_t m_block = 0;      // tokens per launch (decode: 8 * n_tiles; prefill: m)
   int row_groups = 0;       // decode: row groups; prefill: 128-row blocks
   int64_t units = 0;        // decode: row_groups * K slices; prefill: output tiles (row_groups * token_tiles)
-  int grid = 0;             // CTAs per launch (decode: persistent; prefill: units * splits)
+  int grid = 0;             // CTAs per launch (decode: persistent; prefill: units + split_tiles * (splits - 1))
   int token_tiles = 0;      // prefill: ceil(m / token tile)
-  int splits = 1;           // prefill: K splits per tile (> 1: partial tiles summed through the workspace)
+  int splits = 1;           // prefill: K splits of a split tile (> 1: partial tiles summed through the workspace)
+  int64_t split_tiles = 0;  // prefill: the last split_tiles tiles run split K, the others whole K (PrefillSchedule)
   size_t counters_bytes = 0, partials_bytes = 0, workspace_bytes = 0;
   // prefill: X is read in lane order (layout::natural_pair) from the workspace at lane_x_offset, permuted
   // there by one pass of lane_order_kernel per pass_m tokens (the plan's token tiles and splits are those

@@ -160,13 +160,16 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   p.pass_m = std::min(m, ((m + passes - 1) / passes + bn - 1) / bn * bn);
   p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
   p.token_tiles = int((p.pass_m + bn - 1) / bn);
-  p.splits = int(std::min<int64_t>(prefill_splits(cfg, p.pass_m, w.n, w.k, sms), l.k_macros));
+  const PrefillSchedule sc = prefill_schedule(cfg, p.pass_m, w.n, w.k, sms);
+  p.splits = int(std::min<int64_t>(sc.splits, l.k_macros));
   p.units = int64_t(p.row_groups) * p.token_tiles;
-  if (p.units * p.splits > INT32_MAX) return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
-  p.grid = int(p.units * p.splits);
+  p.split_tiles = p.splits > 1 ? std::min(sc.split_tiles, p.units) : 0;
+  if (p.units + p.split_tiles * (p.splits - 1) > INT32_MAX)
+    return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
+  p.grid = int(p.units + p.split_tiles * (p.splits - 1));
   if (p.splits > 1) {
-    p.counters_bytes = counters_region(p.units);
-    p.partials_bytes = size_t(p.units) * p.splits * k.partial_floats * sizeof(float);
+    p.counters_bytes = counters_region(p.split_tiles);
+    p.partials_bytes = size_t(p.split_tiles) * p.splits * k.partial_floats * sizeof(float);
   }
   // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
   p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
@@ -178,7 +181,8 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
 
 // The shape fields of a launch over `m` tokens and a weight of layout `l` (pointers and workspace are the
 // caller's).
-static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_blocks, int token_tiles, int splits) {
+static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_blocks, int token_tiles, int splits,
+                                      int split_from) {
   pk::PrefillParams p{};
   p.m = int(m);
   p.n = int(l.n);
@@ -188,6 +192,7 @@ static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_
   p.row_blocks = row_blocks;
   p.token_tiles = token_tiles;
   p.splits = splits;
+  p.split_from = split_from;
   return p;
 }
 
@@ -224,7 +229,10 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
-    pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits);
+    // The plan's split tail, in every pass (a short last pass splits at most all of its tiles).
+    const int64_t tiles = int64_t(plan.row_groups) * token_tiles;
+    const int64_t split_tiles = std::min(plan.split_tiles, tiles);
+    pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits, int(tiles - split_tiles));
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
     p.bias = a.bias;
     p.weights = base + l.weights_offset;
@@ -232,7 +240,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
     p.counters = plan.splits > 1 ? reinterpret_cast<int*>(ws) : nullptr;
     p.partials = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
-    fn<<<unsigned(int64_t(plan.row_groups) * token_tiles * plan.splits), plan.threads, plan.smem_bytes, stream>>>(map, p);
+    fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
@@ -265,7 +273,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   const PackedLayout& l = plan.layout;
   CUtensorMap map;
   FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));  // lane order: k_pad long
-  pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1);
+  pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;

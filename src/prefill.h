@@ -11,8 +11,8 @@
 namespace fp4kit {
 namespace detail {
 
-// make_plan's prefill part, for the kWgmma entry `cfg`: kernel, block, shared memory, token tiles, K
-// splits (prefill_splits for the device's `sms`), grid and workspace (split K: arrival counters and the
+// make_plan's prefill part, for the kWgmma entry `cfg`: kernel, block, shared memory, token tiles, the
+// split tail (prefill_schedule for the device's `sms`), grid and workspace (split K: arrival counters and the
 // partial tiles). Fails with kNotSupported when this build carries no sm_90a code for the kernel.
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* plan);
 

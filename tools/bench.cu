@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
       auto applies = [&](const KernelConfig& c) {
         if (!config_supported(c, prop.major)) return false;
         if (is_prefill(c))
-          return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_splits(c, m, n, k, sms) > 1);
+          return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_schedule(c, m, n, k, sms).splits > 1);
         if (m <= 64) {
           const int need = int((m + 7) / 8);
           return c.n_tiles >= need && c.n_tiles <= 2 * need;
@@ -418,7 +418,8 @@ int main(int argc, char** argv) {
              << "\", \"m\": " << m << ", \"n\": " << n << ", \"k\": " << k << ", \"config\": \"" << cfgname
              << "\", \"kernel\": \"" << kernel_of(kc) << "\", \"pipeline\": \"" << pipeline_of(kc)
              << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"grid\": " << plan.grid
-             << ", \"splits\": " << plan.splits << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
+             << ", \"splits\": " << plan.splits << ", \"split_tiles\": " << plan.split_tiles
+             << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
              << ", \"eager_us\": " << r.eager_us << ", \"cublas_us\": " << cb.us << ", \"speedup\": " << speedup
              << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
              << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps

@@ -5,12 +5,14 @@
 //   Y[m, N] = X[m, K] * W[N, K]^T (+ bias), W prepacked (decode_layout.h; the same buffer the decode kernel
 //   reads, no second prepack), X/Y row-major in T (bf16/half), fp32 accumulation, the per-row fp32
 //   out_scale and the bias applied in fp32 before the cast (exactly the decode kernel's epilogue math).
-//   One CTA computes 128 weight rows x BN tokens over its share of K: the whole K (splits = 1: no
-//   workspace), or split z of `splits` (a contiguous range of 512-K slices): each split stores its fp32
-//   partial tile in the workspace, and the last of the tile's splits to arrive (arrival counter) sums the
-//   partials in split order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is
-//   bitwise the same whatever the arrival order (deterministic).
-//   Launch: grid ceil(row_tiles / 8) * ceil(m / BN) * splits (1-D, see cta_tile), kThreads threads,
+//   One CTA computes 128 weight rows x BN tokens over its share of K. The tiles before split_from (in
+//   launch order, cta_tile) take the whole K, one CTA each, no workspace; every later tile takes `splits`
+//   CTAs, split z over a contiguous range of 512-K slices: each split stores its fp32 partial tile in the
+//   workspace, and the last of the tile's splits to arrive (arrival counter) sums the partials in split
+//   order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is bitwise the same
+//   whatever the arrival order (deterministic).
+//   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
+//   (1-D, see cta_tile), kThreads threads,
 //   Geometry<BN>::kSmem bytes of dynamic shared memory, X in lane order (below) described by a 2-D tensor
 //   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
 //   prefill.cu builds it). Rows >= n and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
@@ -119,9 +121,10 @@ struct PrefillParams {
   int m, n;
   int row_tiles, k_chunks, k_macros;
   int row_blocks, token_tiles;  // of 128 rows, of BN tokens
-  int splits;                   // K splits per tile: the grid is row_blocks * token_tiles * splits CTAs
-  int* counters;                // splits > 1: [row_blocks * token_tiles] arrival counters, zero between calls
-  float* partials;              // splits > 1: [tile][split][kAcc / 4][kConsumerThreads] float4 partial tiles
+  int splits;                   // K splits of each tile from split_from on (1: every tile whole K)
+  int split_from;               // tiles [0, split_from) whole K; grid = split_from + (tiles - split_from) * splits
+  int* counters;                // splits > 1: [tiles - split_from] arrival counters, zero between calls
+  float* partials;              // splits > 1: [tile - split_from][split][kAcc / 4][kConsumerThreads] float4
   PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
 };
 
@@ -139,11 +142,19 @@ template <typename T> struct CtaOperands {
 // tiles fastest, then the row blocks, so a wave of ~132 CTAs touches ~33 row blocks' weights and 4 X
 // tiles (~16 MB + ~17 MB for K = 8192) that stay in L2, instead of 132 row blocks' weights (66 MB, more
 // than L2) that all token tiles would re-read from DRAM in row-block-major order. The K splits of a tile
-// are consecutive CTAs (they run in the same wave, so the last to arrive waits for no other wave).
+// are consecutive CTAs (they run in the same wave, so the last to arrive waits for no other wave). The
+// split tiles come last: whole waves of whole-K tiles first, the split tail fills the last wave (configs.h,
+// PrefillSchedule). tail: the tile's index among the split ones (-1 for a whole-K tile).
 constexpr int kRasterTokenTiles = 4;
-__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split) {
-  split = blockIdx.x % p.splits;
-  const int b = blockIdx.x / p.splits;
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split,
+                                         int& splits, int& tail) {
+  int b = blockIdx.x;
+  split = 0, splits = 1, tail = -1;
+  if (b >= p.split_from) {
+    const int i = b - p.split_from;
+    tail = i / p.splits, split = i % p.splits, splits = p.splits;
+    b = p.split_from + tail;
+  }
   const int per_group = p.row_blocks * kRasterTokenTiles;
   const int grp = b / per_group, rem = b % per_group;
   const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
@@ -367,14 +378,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
-  int row_block, token_tile, split;
-  cta_tile(p, row_block, token_tile, split);
+  int row_block, token_tile, split, splits, tail;
+  cta_tile(p, row_block, token_tile, split, splits, tail);
   CtaOperands<T> op;
   if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
   // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
   // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
-  const int j_begin = int(int64_t(p.k_macros) * split / p.splits);
-  const int j_end = int(int64_t(p.k_macros) * (split + 1) / p.splits);
+  const int j_begin = int(int64_t(p.k_macros) * split / splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / splits);
   const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   if (threadIdx.x == 0) {
@@ -483,19 +494,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
   // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
   // is past the matrix store and load nothing but take part in the barriers.
-  if (p.splits > 1) {
+  if (splits > 1) {
     constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
     const int ct = threadIdx.x;        // consumer thread 0 .. kConsumerThreads - 1
-    const int64_t tile = int64_t(row_block) * p.token_tiles + token_tile;
-    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * p.splits * (G::kPartialFloats / 4);
+    const int64_t tile = tail;         // counters and partial slots are the split tiles'
+    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile * splits * (G::kPartialFloats / 4);
     if (rt_ok) {
-      float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * p.splits + split) * (G::kPartialFloats / 4);
+      float4* mine = reinterpret_cast<float4*>(p.partials) + (tile * splits + split) * (G::kPartialFloats / 4);
 #pragma unroll
       for (int v = 0; v < kVec; ++v)
         __stcg(mine + v * kConsumerThreads + ct, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
     }
     consumer_sync();
-    if (ct == 0) s_last = kernels::count_arrival(&p.counters[tile]) == p.splits - 1;
+    if (ct == 0) s_last = kernels::count_arrival(&p.counters[tile]) == splits - 1;
     consumer_sync();
     if (!s_last) return;
 #pragma unroll
@@ -505,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       static_assert(kVec % kBatch == 0, "partial tile in whole batches");
 #pragma unroll
       for (int v0 = 0; v0 < kVec; v0 += kBatch)
-        for (int z = 0; z < p.splits; ++z) {
+        for (int z = 0; z < splits; ++z) {
           const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
           float4 x[kBatch];
 #pragma unroll

@@ -54,6 +54,15 @@ std::vector<const KernelConfig*> configs_of(bool prefill) {
   }
   return out;
 }
+
+// The device's SM count (the prefill schedule's wave size).
+int64_t device_sms() {
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
 // Whether this device runs the prefill kernel (a Hopper device must; elsewhere the configs print why not).
 bool prefill_here() {
   if (!configs_of(true).empty()) return true;
@@ -389,6 +398,15 @@ TEST(gemm_prefill_grid_exact_bitwise) {
         const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
         CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
+  // The split tail: sms + 8 tiles of p64 over K = 2048 run one whole-K wave, then the last 8 tiles split K.
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t m = 64, n = (device_sms() + 8) * 128, k = 2048;
+    const detail::DecodePlan plan = plan_of(m, f, n, k, config_id("p64_w8_s8_k8"));
+    CHECK_MSG(plan.splits > 1 && plan.split_tiles == 8 && plan.units == device_sms() + 8,
+              "expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits << " of " << plan.units);
+    const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id("p64_w8_s8_k8"));
+    CHECK_MSG(diff == 0, format_name(f) << " split tail: " << diff << " outputs differ");
+  }
 }
 
 // Every prefill config (Hopper) at the m of the issue and at small m (a prefill config chosen for m = 1
@@ -410,10 +428,14 @@ TEST(gemm_prefill_all_configs) {
     for (bool bf16 : {true, false}) check_case(Format::kMXFP4, 129, 144, 2048, bf16, cfg->id, true);
 }
 
-// Off-tile N and K of real size: N = 8192 + 16, K = 2880 (gpt-oss), through dispatch and explicit configs.
+// Off-tile N and K of real size: N = 8192 + 16, K = 2880 (gpt-oss), through dispatch and explicit configs;
+// a split tail over random data: sms + 2 row blocks (the last one 16 rows) of 128-token tiles, m = 100.
 TEST(gemm_prefill_off_tile_large) {
   if (!prefill_here()) return;
   for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t n_tail = (device_sms() + 1) * 128 + 16;
+    CHECK_MSG(plan_of(100, f, n_tail, 2880, config_id("p128_w8_s5_k8")).split_tiles == 2, "expected a split tail");
+    check_case(f, 100, n_tail, 2880, f == Format::kNVFP4, config_id("p128_w8_s5_k8"), true);
     check_case(f, 129, 8192 + 16, 2880, true, -1, true);
     if (!quick()) {
       check_case(f, 1000, 8192 + 16, 2880, false, config_id("p256_w8_s3"), false);

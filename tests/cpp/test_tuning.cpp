@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "configs.h"
 #include "fp4kit/tuning.h"
@@ -209,40 +210,55 @@ TEST(analytic_default_prefill) {
   pick_config(256, 8192, 8192, &why);
   CHECK(why.find("prefill kernel from m >= 33") != std::string::npos);
   // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o and down split K 2 ways over
-  // 256-token tiles, qkv runs 80 whole-K tiles of 256 (88.6 us against 96.0 split 3 ways, same-session
-  // A/B); gate_up (448 row blocks) and every layer at m >= 1024 fill the device with whole-K 256-token
-  // tiles; m = 128 takes 128-token tiles. Small layers take smaller tiles: the tp8 qkv shard at m = 256,
-  // 128-token tiles split (23.3 us against 35.2 for the 256-token tiles the former model chose).
+  // 256-token tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
+  // 4 ways; gate_up (448 row blocks) three whole-K waves of 256-token tiles and the last 52 split 2 ways;
+  // qkv keeps a split tail up to m = 1024 (320 tiles: two waves and 56 split), every other layer at
+  // m >= 512 fills the device with whole-K 256-token tiles; m = 128 o takes 128-token tiles split 2 ways.
+  // Small layers take smaller tiles: the tp8 qkv shard at m = 256, 128-token tiles split (23.3 us against
+  // 35.2 for the 256-token tiles the former model chose).
   CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
-  CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+  CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
   CHECK_EQ(pick_config(256, 8192, 28672, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
   CHECK_EQ(pick_config(256, 1280, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
-  CHECK_EQ(pick_config(256, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+  CHECK_EQ(pick_config(256, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
   CHECK_EQ(pick_config(128, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
   for (int64_t m : {512, 1024, 4096, 16384}) {
     CHECK_EQ(pick_config(m, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
-    if (m >= 1024) CHECK_EQ(pick_config(m, 10240, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
+    CHECK_EQ(pick_config(m, 10240, 8192, nullptr, 9, 132), id_of(m <= 1024 ? "p256_w8_s3_k8" : "p256_w8_s3"));
     CHECK_EQ(pick_config(m, 57344, 8192, nullptr, 9, 132), id_of("p256_w8_s3"));
   }
+  pick_config(256, 57344, 8192, &why, 9, 132);
+  CHECK_MSG(why.find("448 tiles, the last 52 split K 2 ways, on 132 SMs") != std::string::npos, why);
 }
 
-TEST(prefill_splits_rule) {
+TEST(prefill_schedule_rule) {
   const KernelConfig& k8 = *find_config(id_of("p256_w8_s3_k8"));
   const KernelConfig& whole = *find_config(id_of("p256_w8_s3"));
   CHECK_EQ(prefill_tiles(k8, 256, 8192), 64);
   CHECK_EQ(prefill_tiles(k8, 257, 8192 + 1), 65 * 2);
-  CHECK_EQ(prefill_splits(k8, 256, 8192, 8192, 132), 2);     // 64 tiles: 128 CTAs, one wave
-  CHECK_EQ(prefill_splits(k8, 256, 10240, 8192, 132), 3);    // 80 tiles: 240 CTAs, 6 of 16 slices each
-  CHECK_EQ(prefill_splits(k8, 512, 10240, 8192, 132), 1);    // 160 tiles fill 132 SMs
-  CHECK_EQ(prefill_splits(whole, 256, 8192, 8192, 132), 1);  // max_splits 1
-  CHECK_EQ(prefill_splits(k8, 1, 128, 512, 132), 1);         // one 512-K slice: nothing to split
-  CHECK_EQ(prefill_splits(k8, 1, 128, 8192, 132), 8);        // one tile: up to max_splits
-  for (int64_t m : {1, 64, 256, 1000})
-    for (int64_t k : {512, 2880, 8192, 28672}) {
-      const int s = prefill_splits(k8, m, 8192, k, 132);
-      CHECK(s >= 1 && s <= 8 && s <= (k + 511) / 512);
-      CHECK(s == 1 || prefill_tiles(k8, m, 8192) * s <= 2 * 132);
-    }
+  auto sched = [&](const KernelConfig& c, int64_t m, int64_t n, int64_t k) {
+    const PrefillSchedule s = prefill_schedule(c, m, n, k, 132);
+    return std::make_pair(s.splits, s.split_tiles);
+  };
+  using P = std::pair<int, int64_t>;
+  CHECK(sched(k8, 256, 8192, 8192) == P(2, 64));     // 64 tiles: 128 CTAs of 8 slices, one wave (19 -> 12)
+  CHECK(sched(k8, 256, 10240, 8192) == P(1, 0));     // 80 tiles: 3 ways is 2 waves of 6 + 4 slices (20 > 19)
+  CHECK(sched(k8, 512, 10240, 8192) == P(4, 28));    // 160 tiles: one whole wave, 28 x 4 (38 -> 19 + 8)
+  CHECK(sched(k8, 256, 57344, 8192) == P(2, 52));    // 448 tiles: three whole waves, 52 x 2 (76 -> 57 + 12)
+  CHECK(sched(k8, 4096, 57344, 8192) == P(1, 0));    // 7168 tiles: a split tail gains < 3%
+  CHECK(sched(whole, 256, 8192, 8192) == P(1, 0));   // max_splits 1
+  CHECK(sched(k8, 1, 128, 512) == P(1, 0));          // one 512-K slice: nothing to split
+  CHECK(sched(k8, 1, 128, 8192) == P(8, 1));         // one tile: up to max_splits
+  for (int64_t m : {1, 64, 256, 1000, 4096})
+    for (int64_t n : {8192, 57344})
+      for (int64_t k : {512, 2880, 8192, 28672}) {
+        const PrefillSchedule s = prefill_schedule(k8, m, n, k, 132);
+        const int64_t tiles = prefill_tiles(k8, m, n);
+        CHECK(s.splits >= 1 && s.splits <= 8 && s.splits <= (k + 511) / 512);
+        CHECK((s.splits == 1) == (s.split_tiles == 0));
+        CHECK(s.split_tiles <= tiles && s.split_tiles * s.splits <= 2 * 132);
+        CHECK(s.splits == 1 || (tiles - s.split_tiles) % 132 == 0);  // whole waves before the tail
+      }
   // Config support: the prefill kernel and the bulk pipeline need Hopper.
   CHECK(config_supported(k8, 9));
   CHECK(!config_supported(k8, 8));
