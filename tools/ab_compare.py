@@ -6,7 +6,8 @@ head / base; last, the geometric mean of head / base over the rows both sides ha
 
 A file is the base side if its name starts with "ab_base", the head side if with "ab_head". Rows match on
 their identity fields (op, model, layer, format, act, m, T, config: those a row has), so fp4kit-bench and
-fp4kit-bench-moe JSON both work. Standard library only.
+fp4kit-bench-moe JSON both work. A dispatch row ("dispatch": true) matches on the shape whatever config each
+side picked: the label shows the base's pick, or "base->head" where the picks differ. Standard library only.
 """
 import json
 import math
@@ -18,12 +19,14 @@ KEY_FIELDS = ("op", "model", "layer", "format", "act", "m", "T", "config")
 
 
 def row_key(row):
-    return tuple((f, row[f]) for f in KEY_FIELDS if f in row)
+    return tuple((f, "*" if f == "config" and row.get("dispatch") is True else row[f]) for f in KEY_FIELDS if f in row)
 
 
 def collect(paths):
-    """{side: {key: [us, ...]}} and {side: commit} from the files of an A/B run."""
+    """{side: {key: [us, ...]}}, {side: commit} and {side: {key: config}} (the dispatch rows' picks) from the
+    files of an A/B run."""
     times = {"base": {}, "head": {}}
+    picks = {"base": {}, "head": {}}  # the config of each side's dispatch rows
     commits = {}
     for p in paths:
         name = Path(p).name
@@ -37,7 +40,22 @@ def collect(paths):
         commits.setdefault(side, d.get("commit", "?"))
         for r in d.get("rows", []):
             times[side].setdefault(row_key(r), []).append(float(r["us"]))
-    return times, commits
+            if r.get("dispatch") is True and "config" in r:
+                picks[side].setdefault(row_key(r), r["config"])
+    return times, commits, picks
+
+
+def label(key, picks):
+    """The row's identity for the table; a dispatch row's config is the pick (base->head where they differ)."""
+    out = []
+    for f, v in key:
+        if f == "op":
+            continue
+        if f == "config" and v == "*":
+            b, h = picks["base"].get(key, "?"), picks["head"].get(key, "?")
+            v = b if b == h else f"{b}->{h}"
+        out.append(str(v))
+    return " ".join(out)
 
 
 def compare(times):
@@ -55,15 +73,14 @@ def main(argv):
     if len(argv) < 2:
         print(__doc__.strip())
         return 2
-    times, commits = collect(argv[1:])
+    times, commits, picks = collect(argv[1:])
     rows = compare(times)
     if not rows:
         print("ab_compare: no row appears on both sides")
         return 1
     print(f"base {commits.get('base', '?')}  head {commits.get('head', '?')}  (us: median over rounds)")
     for key, b, h, ratio in rows:
-        label = " ".join(str(v) for f, v in key if f != "op")
-        print(f"{label:60s} {b:10.1f} {h:10.1f}  {ratio:6.3f}")
+        print(f"{label(key, picks):60s} {b:10.1f} {h:10.1f}  {ratio:6.3f}")
     ratios = [r for *_, r in rows if r > 0 and math.isfinite(r)]
     gmean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geometric mean head / base over {len(ratios)} rows: {gmean:.3f}")

@@ -31,7 +31,7 @@ def test_medians_and_ratios(tmp_path, capsys):
         _write(tmp_path / "ab_base_r2.json", "aaa", [row("o", 1, 22.0), row("qkv", 1, 30.0)]),
         _write(tmp_path / "ab_head_r2.json", "bbb", [row("o", 1, 18.0), row("qkv", 1, 33.0), row("down", 1, 9.0)]),
     ]
-    times, commits = ab.collect(files)
+    times, commits, _ = ab.collect(files)
     assert commits == {"base": "aaa", "head": "bbb"}
     rows = {dict(k)["layer"]: (b, h, r) for k, b, h, r in ab.compare(times)}
     assert set(rows) == {"o", "qkv"}  # "down" has no base side
@@ -57,3 +57,16 @@ def test_a_file_of_neither_side_is_an_error(tmp_path):
     f = _write(tmp_path / "run.json", "a", [])
     with pytest.raises(SystemExit, match="ab_base or ab_head"):
         ab.collect([f])
+
+
+def test_dispatch_rows_match_on_the_shape(tmp_path, capsys):
+    ab = _mod()
+    row = lambda cfg, us, dispatch: {"op": "gemm", "model": "llama", "layer": "qkv", "format": "nvfp4",
+                                     "act": "bf16", "m": 256, "config": cfg, "dispatch": dispatch, "us": us}
+    files = [_write(tmp_path / "ab_base_r1.json", "a", [row("p256", 88.0, True), row("p64", 120.0, False)]),
+             _write(tmp_path / "ab_head_r1.json", "b", [row("p128_k8", 79.2, True), row("p64", 121.2, False)])]
+    times = ab.collect(files)[0]
+    rows = {dict(k)["config"]: r for k, _, _, r in ab.compare(times)}
+    assert rows == pytest.approx({"*": 0.9, "p64": 1.01})  # the pick changed, the shape still compares
+    assert ab.main(["ab_compare"] + files) == 0
+    assert "p256->p128_k8" in capsys.readouterr().out
