@@ -15,8 +15,9 @@
 //   (1-D, see cta_tile), kThreads threads,
 //   Geometry<BN>::kSmem bytes of dynamic shared memory, X in lane order (below) described by a 2-D tensor
 //   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
-//   prefill.cu builds it). Rows >= n and tokens >= m are never written. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it
-//   traps.
+//   prefill.cu builds it). Rows >= n and tokens >= m are never written; where n % 8 == 0 the tile leaves
+//   through shared memory in 16-byte row segments (Y 16-byte aligned, as the validator requires), else
+//   element by element. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
@@ -535,11 +536,50 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
   // token 8j + 2t + e of the CTA's token tile.
-  if (!rt_ok) return;
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = op.tok_begin;
   T* y = static_cast<T*>(p.y);
   const T* bias = op.bias;
+  if (p.n % 8 == 0) {
+    // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
+    // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
+    // memory as [token][row] and leaves in 16-byte segments, 8 rows of one token per lane, whole sectors
+    // per warp store. With n % 8 == 0 every segment of an existing row is whole and 16-byte aligned (Y is;
+    // row blocks start at multiples of 128). The ring is free once every consumer has passed its last
+    // wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
+    constexpr int kPitch = kRowsPerCta * 2 + 16;  // bytes per token; + 16: the 2-byte writes hit 16 banks
+    static_assert(BN * kPitch <= S * G::kStage, "the staged tile fits the ring");
+    uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem));
+    const int row0 = row_block * kRowsPerCta, rows = min(kRowsPerCta, p.n - row0);
+    const int toks = min(BN, op.tok_end - tok0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
+    consumer_sync();                                               // come before these generic writes
+    if (rt_ok) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + g + 8 * h;  // row in the CTA
+        if (r >= rows) continue;
+        const float f = op.out_scale[row0 + r];
+        const float b = bias ? Act<T>::to_float(bias[row0 + r]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            *reinterpret_cast<T*>(tile + (8 * j + 2 * t + e) * kPitch + r * 2) =
+                Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+      }
+    }
+    consumer_sync();
+    constexpr int kSegs = kRowsPerCta / 8;  // 16-byte segments per token
+    for (int c = threadIdx.x; c < toks * kSegs; c += kConsumerThreads) {
+      const int tk = c / kSegs, r = (c % kSegs) * 8;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + r) =
+            *reinterpret_cast<const uint4*>(tile + tk * kPitch + r * 2);
+    }
+    return;
+  }
+  if (!rt_ok) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = rt * 16 + g + 8 * h;
