@@ -49,7 +49,7 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
   if (sms <= 0) sms = kDefaultSms;
   const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k);
   PrefillSchedule best;  // s = 1: ceil(tiles / sms) whole-K waves
-  double best_cost = double(cdiv(tiles, sms)) * (double(slices) + kRampSlices);
+  best.slice_times = double(cdiv(tiles, sms)) * (double(slices) + kRampSlices);
   for (int s = 2; s <= c.max_splits && s <= slices; ++s)
     for (int64_t w = 0; w * sms < tiles; ++w) {  // tail = tiles - w sms > 0
       const int64_t tail = tiles - w * sms;
@@ -57,23 +57,13 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
       const double cost = double(w) * (double(slices) + kRampSlices) +
                           double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + kSplitSlices);
       // Against whole K the margin; among splits the cheapest (ties: fewer splits, then fewer whole waves).
-      if (best.splits == 1 ? cost < best_cost * kSplitMinGain : cost < best_cost) {
-        best = {s, tail};
-        best_cost = cost;
-      }
+      if (best.splits == 1 ? cost < best.slice_times * kSplitMinGain : cost < best.slice_times) best = {s, tail, cost};
     }
   return best;
 }
 
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
-  if (sms <= 0) sms = kDefaultSms;
-  const PrefillSchedule sc = prefill_schedule(c, m, n, k, sms);
-  const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k), whole = tiles - sc.split_tiles;
-  double slices_per_cta = double(cdiv(whole, sms)) * (double(slices) + kRampSlices);
-  if (sc.splits > 1)
-    slices_per_cta += double(cdiv(sc.split_tiles * sc.splits, sms)) *
-                      (double(cdiv(slices, sc.splits)) + kRampSlices + kSplitSlices);
-  return (8.0 * c.n_tiles + kBnOverhead) * slices_per_cta;
+  return (8.0 * c.n_tiles + kBnOverhead) * prefill_schedule(c, m, n, k, sms).slice_times;
 }
 
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {

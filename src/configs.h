@@ -171,7 +171,8 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
 // then fewer whole waves.
 struct PrefillSchedule {
   int splits = 1;
-  int64_t split_tiles = 0;  // 0 when splits == 1
+  int64_t split_tiles = 0;  // 0 when splits == 1; <= the tiles
+  double slice_times = 0;   // the model's cost above: slice times per SM, before the x (BN + 125) of prefill_cost
 };
 PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // Modelled time in arbitrary units: the schedule's whole-K waves x (slices + 3) plus its split waves x

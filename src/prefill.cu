@@ -160,10 +160,11 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   p.pass_m = std::min(m, ((m + passes - 1) / passes + bn - 1) / bn * bn);
   p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
   p.token_tiles = int((p.pass_m + bn - 1) / bn);
+  // The schedule keeps splits <= ceil(k / 512) = k_macros and split_tiles <= its tiles, which are units.
   const PrefillSchedule sc = prefill_schedule(cfg, p.pass_m, w.n, w.k, sms);
-  p.splits = int(std::min<int64_t>(sc.splits, l.k_macros));
+  p.splits = sc.splits;
   p.units = int64_t(p.row_groups) * p.token_tiles;
-  p.split_tiles = p.splits > 1 ? std::min(sc.split_tiles, p.units) : 0;
+  p.split_tiles = sc.split_tiles;
   if (p.units + p.split_tiles * (p.splits - 1) > INT32_MAX)
     return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
   p.grid = int(p.units + p.split_tiles * (p.splits - 1));
