@@ -426,6 +426,10 @@ TEST(gemm_prefill_all_configs) {
   // Both dtypes at one m for every config.
   for (const KernelConfig* cfg : configs_of(true))
     for (bool bf16 : {true, false}) check_case(Format::kMXFP4, 129, 144, 2048, bf16, cfg->id, true);
+  // N % 8 != 0 (N = 267, odd): the epilogue stores element by element instead of in 16-byte segments.
+  for (const KernelConfig* cfg : configs_of(true))
+    for (Format f : {Format::kNVFP4, Format::kMXFP4})
+      check_case(f, 129, 267, f == Format::kNVFP4 ? 1040 : 1056, f == Format::kNVFP4, cfg->id, true);
 }
 
 // Off-tile N and K of real size: N = 8192 + 16, K = 2880 (gpt-oss), through dispatch and explicit configs;
