@@ -9,8 +9,11 @@ namespace {
 constexpr int kDefaultSms = 132;       // H100 SXM / H200
 constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x 16)
 // The prefill time model (configs.h): a CTA's time per 512-K slice ~ BN + kBnOverhead, plus kRampSlices
-// per CTA and kSplitSlices more when K is split; ~kUsPerUnit us per unit on the H200.
-constexpr double kBnOverhead = 125.0, kRampSlices = 3.0, kSplitSlices = 1.0, kUsPerUnit = 0.0111;
+// per CTA and kSplitSlices more when K is split; ~kUsPerUnit us per unit on the H200. Two CTAs per SM
+// (BN = 64) each take twice the time of BN + kBnOverheadB2: the co-resident CTA hides part of the
+// per-slice work that one CTA pays alone.
+constexpr double kBnOverhead = 125.0, kBnOverheadB2 = 100.0, kRampSlices = 3.0, kSplitSlices = 1.0,
+                 kUsPerUnit = 0.0111;
 // A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
 // are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
 constexpr double kSplitMinGain = 0.97;
@@ -47,6 +50,7 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n) {
 
 PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
   if (sms <= 0) sms = kDefaultSms;
+  sms *= c.min_blocks;  // a wave is every resident CTA
   const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k);
   PrefillSchedule best;  // s = 1: ceil(tiles / sms) whole-K waves
   best.slice_times = double(cdiv(tiles, sms)) * (double(slices) + kRampSlices);
@@ -63,7 +67,9 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
 }
 
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
-  return (8.0 * c.n_tiles + kBnOverhead) * prefill_schedule(c, m, n, k, sms).slice_times;
+  // min_blocks CTAs share an SM: each runs a slice in about min_blocks times the time of its own work.
+  const double overhead = c.min_blocks == 1 ? kBnOverhead : kBnOverheadB2;
+  return (8.0 * c.n_tiles + overhead) * c.min_blocks * prefill_schedule(c, m, n, k, sms).slice_times;
 }
 
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {

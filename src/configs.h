@@ -38,9 +38,10 @@ enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
 //   n_tiles    token tile / 8 (token tile BN = 64, 128 or 256 tokens per CTA; any m runs in one launch)
 //   row_tiles  16-row weight tiles per consumer warp (1: a CTA is 8 warps x 16 = 128 weight rows)
 //   warps      consumer warps (8: two warpgroups; the CTA adds a producer warpgroup, 384 threads)
-//   min_blocks CTAs per SM (1: the ring takes the shared memory)
+//   min_blocks CTAs per SM (1: the ring takes the shared memory; 2: BN = 64 only, half the ring each)
 //   chunks     64-K chunks per ring stage (2: 128 K)
-//   stages     ring stages (what fits in 220 KB: 8 / 5 / 3 for BN = 64 / 128 / 256; prefill.cu checks it)
+//   stages     ring stages (what fits in 220 KB: 8 / 5 / 3 for BN = 64 / 128 / 256, 4 in 108 KB for two
+//              CTAs per SM; prefill.cu checks it)
 //   max_splits most K splits (prefill_schedule picks the count per shape)
 constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma; }
 
@@ -111,6 +112,12 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {23, "p64_w8_s8_k8", 8, 1, 8, 1, 2, 8, kWgmma, 8},
     {24, "p128_w8_s5_k8", 16, 1, 8, 1, 2, 5, kWgmma, 8},
     {25, "p256_w8_s3_k8", 32, 1, 8, 1, 2, 3, kWgmma, 8},
+    // Two CTAs per SM at BN = 64 (half the ring each, 104 consumer registers): four consumer warpgroups per
+    // SM, so one CTA's wgmmas can run while the other's warps dequantise, and one CTA's pipeline fill and
+    // epilogue overlap the other's main loop. The analytic default does not pick them (pick_prefill_config);
+    // the tuner and the benchmark's --config all time them.
+    {40, "p64_w8_s4_b2", 8, 1, 8, 2, 2, 4, kWgmma},
+    {41, "p64_w8_s4_b2_k8", 8, 1, 8, 2, 2, 4, kWgmma, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

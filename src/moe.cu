@@ -279,7 +279,8 @@ constexpr int grouped_index(int n_tiles) {
 // The tensor-core path's entry for a token tile: the table's first unsplit prefill entry of that tile.
 constexpr int prefill_index(int n_tiles) {
   for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kWgmma && kKernelConfigs[i].max_splits <= 1)
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kWgmma && kKernelConfigs[i].max_splits <= 1 &&
+        kKernelConfigs[i].min_blocks == 1)
       return i;
   return -1;
 }

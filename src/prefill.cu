@@ -30,13 +30,19 @@ struct PrefillKernel {
   PrefillFn fn = nullptr;
   int smem = 0, stages = 0, partial_floats = 0;
 };
-template <Format F, typename T, int BN, bool kGrouped>
+template <Format F, typename T, int BN, bool kGrouped, int kBlocks = 1>
 PrefillKernel kernel_of() {
-  using G = pk::Geometry<BN>;
-  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped>, G::kSmem, G::kStages, G::kPartialFloats};
+  using G = pk::Geometry<BN, kBlocks>;
+  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>, G::kSmem, G::kStages, G::kPartialFloats};
 }
+// blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64 and for the dense GEMM.
 template <Format F, typename T, bool kGrouped>
-PrefillKernel kernel_for_tile(int bn) {
+PrefillKernel kernel_for_tile(int bn, int blocks) {
+  if (blocks == 2) {
+    if constexpr (!kGrouped) return bn == 64 ? kernel_of<F, T, 64, false, 2>() : PrefillKernel{};
+    return {};
+  }
+  if (blocks != 1) return {};
   switch (bn) {
     case 64: return kernel_of<F, T, 64, kGrouped>();
     case 128: return kernel_of<F, T, 128, kGrouped>();
@@ -45,12 +51,12 @@ PrefillKernel kernel_for_tile(int bn) {
   }
 }
 template <bool kGrouped>
-PrefillKernel select_kernel(Format f, DType act, int bn) {
+PrefillKernel select_kernel(Format f, DType act, int bn, int blocks = 1) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn)
-                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn);
-  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn)
-                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn);
+    return act == DType::kBF16 ? kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn, blocks)
+                               : kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn, blocks);
+  return act == DType::kBF16 ? kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn, blocks)
+                             : kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn, blocks);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), resolved once.
@@ -124,7 +130,7 @@ namespace {
 // build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
 Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
   const int bn = 8 * cfg.n_tiles;
-  *k = grouped ? select_kernel<true>(f, act, bn) : select_kernel<false>(f, act, bn);
+  *k = grouped ? select_kernel<true>(f, act, bn, cfg.min_blocks) : select_kernel<false>(f, act, bn, cfg.min_blocks);
   if (!k->fn)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " has no " + (grouped ? "grouped " : "") +
                                        "prefill kernel");
@@ -134,7 +140,11 @@ Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grou
                                        std::to_string(k->stages) + " stages)");
   FP4KIT_RETURN_IF_ERROR(check_image(k->fn));
   int per_sm = 0;  // also sets the kernel's dynamic shared memory attribute, once per device
-  return resident_per_sm(reinterpret_cast<const void*>(k->fn), pk::kThreads, k->smem, nullptr, sms, &per_sm);
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(k->fn), pk::kThreads, k->smem, nullptr, sms, &per_sm));
+  if (per_sm < cfg.min_blocks)
+    return Status(Code::kInternal, std::string("config ") + cfg.name + ": " + std::to_string(per_sm) +
+                                       " CTAs per SM fit, the entry needs " + std::to_string(cfg.min_blocks));
+  return Status::Ok();
 }
 
 }  // namespace

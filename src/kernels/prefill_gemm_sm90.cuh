@@ -13,7 +13,7 @@
 //   whatever the arrival order (deterministic).
 //   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
 //   (1-D, see cta_tile), kThreads threads,
-//   Geometry<BN>::kSmem bytes of dynamic shared memory, X in lane order (below) described by a 2-D tensor
+//   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at BN = 64), X in lane order (below) described by a 2-D tensor
 //   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
 //   prefill.cu builds it). Rows >= n and tokens >= m are never written; where n % 8 == 0 the tile leaves
 //   through shared memory in 16-byte row segments (Y 16-byte aligned, as the validator requires), else
@@ -55,6 +55,11 @@
 //     the consumers: 2 x 232 + 40 = 3 x 168) fills an S-stage ring (stage = 128 K: X 2 x BN x 128 B, two
 //     swizzled 64-K halves, + 8 KB of records) guarded by full/empty mbarriers; 2 consumer warpgroups
 //     (128 rows) share each X stage, which halves X's shared-memory and L2 traffic per flop compared to one.
+//   - BN = 64 does 4x less MMA work per dequantised weight than BN = 256, so the consumers' dequantisation
+//     and shared-memory reads are close to the wgmma time there. kBlocks = 2 runs two CTAs per SM (half the
+//     ring each, 104 consumer registers: 32 accumulators, two chunks of A fragments): four consumer
+//     warpgroups per SM, so the tensor cores have another CTA's wgmmas to run while one CTA's warps
+//     dequantise, and a CTA's pipeline fill and epilogue overlap the other's main loop.
 //   - A stage's chunk 0 and chunk 1 are two wgmma groups with separate A registers: while one group runs,
 //     the next chunk is dequantised (wgmma.wait_group 1 keeps one group in flight); the stage is released
 //     to the producer after the wait that retires its last group.
@@ -82,23 +87,30 @@ constexpr int kStageChunks = 2;                            // 64-K chunks per st
 constexpr int kStageK = kStageChunks * layout::kChunkK;
 constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;  // stages per 512-K slice
 constexpr int kRecordBytes = 32 * 16;                      // one row tile's records for one chunk
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;     // 2 * 232 + 40 == 3 * 168 (launch bound)
-static_assert(kConsumerWarpgroups * kConsumerRegs + kProducerRegs == 3 * 168, "setmaxnreg budget");
+// Registers per thread after setmaxnreg, by CTAs per SM (kBlocks). One CTA: the launch bound gives 168 to
+// every thread and 2 * 232 + 40 == 3 * 168. Two CTAs (BN = 64 only, whose consumers hold 32 accumulators):
+// the bound gives 80 and 2 * 104 + 24 <= 3 * 80; the producer needs few (one warp issues copies).
+template <int kBlocks> struct Regs;
+template <> struct Regs<1> { static constexpr int kLaunch = 168, kProducer = 40, kConsumer = 232; };
+template <> struct Regs<2> { static constexpr int kLaunch = 80, kProducer = 24, kConsumer = 104; };
+static_assert(kConsumerWarpgroups * Regs<1>::kConsumer + Regs<1>::kProducer == 3 * Regs<1>::kLaunch, "setmaxnreg budget");
+static_assert(kConsumerWarpgroups * Regs<2>::kConsumer + Regs<2>::kProducer <= 3 * Regs<2>::kLaunch, "setmaxnreg budget");
 
 // Shared memory of one stage: X halves [BN tokens][64 K] (128 B rows, 128-byte swizzle, 1024-aligned),
-// then the records [row tile][chunk][lane][16 B].
-template <int BN> struct Geometry {
+// then the records [row tile][chunk][lane][16 B]. kBlocks CTAs per SM share its ~227 KB.
+template <int BN, int kBlocks = 1> struct Geometry {
   static_assert(BN == 64 || BN == 128 || BN == 256, "token tile");
+  static_assert(kBlocks == 1 || (kBlocks == 2 && BN == 64), "two CTAs per SM: BN = 64 only (registers)");
   static constexpr int kXHalf = BN * 128;
   static constexpr int kX = 2 * kXHalf;
   static constexpr int kW = kRowTilesPerCta * kStageChunks * kRecordBytes;
   static constexpr int kStage = kX + kW;
-  static constexpr int kFit = (220 * 1024) / kStage;
+  static constexpr int kFit = (kBlocks == 1 ? 220 * 1024 : 108 * 1024) / kStage;
   static constexpr int kStages = kFit > 8 ? 8 : kFit;
   static constexpr int kSmem = kStages * kStage + 1024;  // + slack to align the ring to 1024 B
   static constexpr int kAcc = BN / 2;                     // fp32 accumulators per thread (m64nBN)
   static constexpr int kPartialFloats = kAcc * kConsumerThreads;  // one split's partial tile (128 x BN)
-  static_assert(kStages >= 2 && kSmem <= 227 * 1024 - 256, "ring does not fit");
+  static_assert(kStages >= 2 && kBlocks * (kSmem + 1024) <= 228 * 1024 - 1024, "ring does not fit");
 };
 
 // Grouped mode (MoE experts, kGrouped): the token tiles of all experts are numbered one after another;
@@ -367,11 +379,11 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
-template <Format F, typename T, int BN, bool kGrouped = false>
-__global__ void __launch_bounds__(kThreads, 1)
+template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
+__global__ void __launch_bounds__(kThreads, kBlocks)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using G = Geometry<BN>;
+  using G = Geometry<BN, kBlocks>;
   constexpr int S = G::kStages;
   extern __shared__ uint8_t prefill_smem[];
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
@@ -402,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<Regs<kBlocks>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
     if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
     const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
@@ -431,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumer warpgroups: warp w (0..7) owns row tile rt = 8 * row_block + w, i.e. rows 16w..16w+15
   // of the CTA's 128, which is warpgroup w/4's wgmma rows 16 (w%4) .. +15.
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<Regs<kBlocks>::kConsumer>();
   const int rt = row_block * kRowTilesPerCta + warp;
   const bool rt_ok = rt < p.row_tiles;
   const uint64_t pol = evict_normal_policy();

@@ -374,9 +374,9 @@ TEST(gemm_matches_reference_all_configs) {
 TEST(gemm_prefill_grid_exact_bitwise) {
   if (!prefill_here()) return;
   bool all_ok = true;
-  for (const char* name : {"p64_w8_s8", "p256_w8_s3"})
+  for (const char* name : {"p64_w8_s8", "p64_w8_s4_b2", "p256_w8_s3"})
     for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-      const int64_t tile = std::string(name) == "p64_w8_s8" ? 64 : 256;
+      const int64_t tile = std::string(name).rfind("p64", 0) == 0 ? 64 : 256;
       const int64_t diff = grid_exact_diff(f, tile, 128, 512, true, config_id(name));
       CHECK_MSG(diff == 0, "wgmma register-A fragment layout assumption (rows g, g+8; k 2t, 2t+8 per warp, as "
                            "mma.m16n8k16) or the B-tile K order FAILED: "
@@ -390,7 +390,7 @@ TEST(gemm_prefill_grid_exact_bitwise) {
       probe_one_hot(rk.first, rk.second, 128, 512, config_id("p64_w8_s8"));
   }
   // Split K: 3 x 2 tiles of p128 (6 CTAs' worth) split over the 4 slices of K = 2048.
-  for (const char* name : {"p64_w8_s8_k8", "p128_w8_s5_k8", "p256_w8_s3_k8"})
+  for (const char* name : {"p64_w8_s8_k8", "p64_w8_s4_b2_k8", "p128_w8_s5_k8", "p256_w8_s3_k8"})
     for (Format f : {Format::kNVFP4, Format::kMXFP4})
       for (bool bf16 : {true, false}) {
         const int64_t m = 129, n = 272, k = 2048;
@@ -406,6 +406,16 @@ TEST(gemm_prefill_grid_exact_bitwise) {
               "expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits << " of " << plan.units);
     const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id("p64_w8_s8_k8"));
     CHECK_MSG(diff == 0, format_name(f) << " split tail: " << diff << " outputs differ");
+  }
+  // The same with two CTAs per SM: a wave is 2 x sms CTAs.
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int64_t m = 64, n = (2 * device_sms() + 8) * 128, k = 2048;
+    const detail::DecodePlan plan = plan_of(m, f, n, k, config_id("p64_w8_s4_b2_k8"));
+    CHECK_MSG(plan.splits > 1 && plan.split_tiles == 8 && plan.units == 2 * device_sms() + 8,
+              "two CTAs per SM: expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits
+                                                                        << " of " << plan.units);
+    const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id("p64_w8_s4_b2_k8"));
+    CHECK_MSG(diff == 0, format_name(f) << " split tail, two CTAs per SM: " << diff << " outputs differ");
   }
 }
 

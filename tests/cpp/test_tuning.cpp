@@ -175,20 +175,20 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
   CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
   CHECK_EQ(pick_config(32, 1280, 8192), id_of("p64_w8_s8_k8"));    // 10 tiles x 8 splits
-  CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s8_k8"));   // 64 tiles x 2 splits
+  CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s4_b2_k8"));  // 64 tiles x 4 splits, two CTAs per SM
   CHECK_EQ(pick_config(32, 10240, 8192), id_of("m32_r1_w8_b2_c4x2"));  // 80 tiles x 3 splits: two waves
-  CHECK_EQ(pick_config(32, 28672, 4096), id_of("m32_r1_w8_b2_c4x2"));  // 224 tiles: two waves
+  CHECK_EQ(pick_config(32, 28672, 4096), id_of("p64_w8_s4_b2"));  // 224 tiles: one wave of two CTAs per SM
   CHECK_EQ(pick_config(32, 8192, 1024), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
   CHECK_EQ(pick_config(16, 4096, 14336), id_of("m16_r1_w8_b2_c8x2"));  // 16 tokens: decode
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("m32_r1_w8_b2_c4x2"));  // 128 CTAs > 100 SMs
   // MXFP4: up to two waves when K is not split.
   const Format mx = Format::kMXFP4;
-  CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s8"));          // 224 tiles
-  CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("m32_r1_w8_b2_c4x2"));  // 80 tiles x 3 splits
+  CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2"));       // 224 tiles
+  CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2_k8"));    // 80 tiles x 3 splits
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s8_k8"));        // one wave
-  CHECK_EQ(pick_config(32, 57344, 8192, nullptr, 9, 0, mx), id_of("m32_r2_w8_b2_c2x2"));  // 448 tiles
+  CHECK_EQ(pick_config(32, 57344, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2"));       // 448 tiles
   CHECK_EQ(pick_config(32, 8192, 1024, nullptr, 9, 0, mx), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
-  CHECK_EQ(dispatch_config(mx, DType::kBF16, 32, 28672, 4096, kDev), id_of("p64_w8_s8"));
+  CHECK_EQ(dispatch_config(mx, DType::kBF16, 32, 28672, 4096, kDev), id_of("p64_w8_s4_b2"));
   std::string why;
   pick_config(32, 8192, 8192, &why);
   CHECK_MSG(why.find("the prefill kernel, modelled") != std::string::npos, why);
@@ -259,6 +259,12 @@ TEST(prefill_schedule_rule) {
         CHECK(s.split_tiles <= tiles && s.split_tiles * s.splits <= 2 * 132);
         CHECK(s.splits == 1 || (tiles - s.split_tiles) % 132 == 0);  // whole waves before the tail
       }
+  // Two CTAs per SM: a wave is 2 x 132 CTAs, and each CTA's slice costs twice BN + the smaller overhead.
+  const KernelConfig& b2 = *find_config(id_of("p64_w8_s4_b2_k8"));
+  CHECK(sched(b2, 64, 10240, 8192) == P(3, 80));     // 80 tiles: 240 CTAs of 6 slices, one wave (19 -> 10)
+  CHECK(sched(b2, 64, 8192, 28672) == P(4, 64));     // 64 tiles: 256 CTAs of 14 slices (59 -> 18)
+  CHECK(sched(b2, 64, (2 * 132 + 8) * 128, 2048) == P(4, 8));  // one whole wave of 264, the last 8 split
+  CHECK(prefill_cost(b2, 64, 10240, 8192, 132) == 2 * (64 + 100) * 10.0);
   // Config support: the prefill kernel and the bulk pipeline need Hopper.
   CHECK(config_supported(k8, 9));
   CHECK(!config_supported(k8, 8));
