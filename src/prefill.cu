@@ -35,13 +35,10 @@ PrefillKernel kernel_of() {
   using G = pk::Geometry<BN, kBlocks>;
   return {pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>, G::kSmem, G::kStages, G::kPartialFloats};
 }
-// blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64 and for the dense GEMM.
+// blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
 template <Format F, typename T, bool kGrouped>
 PrefillKernel kernel_for_tile(int bn, int blocks) {
-  if (blocks == 2) {
-    if constexpr (!kGrouped) return bn == 64 ? kernel_of<F, T, 64, false, 2>() : PrefillKernel{};
-    return {};
-  }
+  if (blocks == 2) return bn == 64 ? kernel_of<F, T, 64, kGrouped, 2>() : PrefillKernel{};
   if (blocks != 1) return {};
   switch (bn) {
     case 64: return kernel_of<F, T, 64, kGrouped>();
