@@ -114,8 +114,10 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {25, "p256_w8_s3_k8", 32, 1, 8, 1, 2, 3, kWgmma, 8},
     // Two CTAs per SM at BN = 64 (half the ring each, 104 consumer registers): four consumer warpgroups per
     // SM, so one CTA's wgmmas can run while the other's warps dequantise, and one CTA's pipeline fill and
-    // epilogue overlap the other's main loop. The analytic default does not pick them (pick_prefill_config);
-    // the tuner and the benchmark's --config all time them.
+    // epilogue overlap the other's main loop. Measured (bench/results/sweep_b2_c711427_*.json, NVFP4, us,
+    // best one-CTA entry -> two CTAs): Llama-70B m = 64 qkv 42.8 -> 33.2, gate_up 161.8 -> 150.6, down
+    // 78.1 -> 72.7, o 27.9 -> 27.1; Llama-8B gate_up 45.1 -> 38.5; the small layers' best stays one CTA.
+    // The model prices them at 2 x (BN + 100) per slice (configs.cpp).
     {40, "p64_w8_s4_b2", 8, 1, 8, 2, 2, 4, kWgmma},
     {41, "p64_w8_s4_b2_k8", 8, 1, 8, 2, 2, 4, kWgmma, 8},
 };
