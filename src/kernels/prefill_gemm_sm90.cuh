@@ -13,12 +13,11 @@
 //   whatever the arrival order (deterministic).
 //   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
 //   (1-D, see cta_tile), kThreads threads,
-//   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at
-//   BN = 64), X in lane order (below) described by a 2-D tensor map {k_pad, m} of T, box {64, BN},
-//   128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n and
-//   tokens >= m are never written; the tile leaves through shared memory, in 16-byte row segments where
-//   n % 8 == 0 (Y 16-byte aligned, as the validator requires), else element by element along rows. The
-//   body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
+//   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at BN = 64), X in lane order (below) described by a 2-D tensor
+//   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
+//   prefill.cu builds it). Rows >= n and tokens >= m are never written; where n % 8 == 0 the tile leaves
+//   through shared memory in 16-byte row segments (Y 16-byte aligned, as the validator requires), else
+//   element by element. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
@@ -553,14 +552,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int tok0 = op.tok_begin;
   T* y = static_cast<T*>(p.y);
   const T* bias = op.bias;
-  {
-    // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores would write one
-    // element per lane (a warp store filling four 32-byte sectors with 16 bytes each). The tile goes to
-    // shared memory as [token][row] and leaves row-contiguous: where n % 8 == 0 in 16-byte segments, 8 rows
-    // of one token per lane, whole sectors per warp store (every segment of an existing row is then whole
-    // and 16-byte aligned: Y is, and row blocks start at multiples of 128); otherwise one element per
-    // thread, consecutive threads on consecutive rows. The ring is free once every consumer has passed its
-    // last wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
+  if (p.n % 8 == 0) {
+    // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
+    // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
+    // memory as [token][row] and leaves in 16-byte segments, 8 rows of one token per lane, whole sectors
+    // per warp store. With n % 8 == 0 every segment of an existing row is whole and 16-byte aligned (Y is;
+    // row blocks start at multiples of 128). The ring is free once every consumer has passed its last
+    // wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
     constexpr int kPitch = kRowsPerCta * 2 + 16;  // bytes per token; + 16: the 2-byte writes hit 16 banks
     static_assert(BN * kPitch <= S * G::kStage, "the staged tile fits the ring");
     uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem));
@@ -584,20 +582,29 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       }
     }
     consumer_sync();
-    if (p.n % 8 == 0) {
-      constexpr int kSegs = kRowsPerCta / 8;  // 16-byte segments per token
-      for (int c = threadIdx.x; c < toks * kSegs; c += kConsumerThreads) {
-        const int tk = c / kSegs, r = (c % kSegs) * 8;
-        if (r < rows)
-          *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + r) =
-              *reinterpret_cast<const uint4*>(tile + tk * kPitch + r * 2);
-      }
-    } else {
-      for (int c = threadIdx.x; c < toks * rows; c += kConsumerThreads) {
-        const int tk = c / rows, r = c % rows;
-        y[int64_t(tok0 + tk) * p.n + row0 + r] = *reinterpret_cast<const T*>(tile + tk * kPitch + r * 2);
-      }
+    constexpr int kSegs = kRowsPerCta / 8;  // 16-byte segments per token
+    for (int c = threadIdx.x; c < toks * kSegs; c += kConsumerThreads) {
+      const int tk = c / kSegs, r = (c % kSegs) * 8;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + r) =
+            *reinterpret_cast<const uint4*>(tile + tk * kPitch + r * 2);
     }
+    return;
+  }
+  if (!rt_ok) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = rt * 16 + g + 8 * h;
+    if (row >= p.n) continue;
+    const float f = op.out_scale[row];
+    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = tok0 + 8 * j + 2 * t + e;
+        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+      }
   }
 #else
   __trap();  // built for another architecture: the plan never launches this
