@@ -13,11 +13,12 @@
 //   whatever the arrival order (deterministic).
 //   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
 //   (1-D, see cta_tile), kThreads threads,
-//   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at BN = 64), X in lane order (below) described by a 2-D tensor
-//   map {k_pad, m} of T, box {64, BN}, 128-byte swizzle, zero out-of-bounds fill (launch_prefill in
-//   prefill.cu builds it). Rows >= n and tokens >= m are never written; where n % 8 == 0 the tile leaves
-//   through shared memory in 16-byte row segments (Y 16-byte aligned, as the validator requires), else
-//   element by element. The body exists for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
+//   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at
+//   BN = 64), X in lane order (below) described by a 2-D tensor map {k_pad, m} of T, box {64, BN},
+//   128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n and
+//   tokens >= m are never written; where n % 8 == 0 the tile leaves through shared memory in 16-byte row
+//   segments (Y 16-byte aligned, as the validator requires), else element by element. The body exists
+//   for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
