@@ -177,11 +177,12 @@ int64_t prefill_tiles(const KernelConfig& c, int64_t m, int64_t n);
 // [1, min(max_splits, ceil(k / 512))] with (tiles - w SMs) x s <= 2 x SMs, the least
 // w (slices + ramp) + ceil((tiles - w SMs) s / SMs) (ceil(slices / s) + ramp + 1); s = 1 (no split, the
 // cost of every w alike) unless a split is >= 3% cheaper; among splits the cheapest, ties to fewer splits,
-// then fewer whole waves.
+// then fewer whole waves. "SMs" here are the resident CTAs: SMs x min_blocks.
 struct PrefillSchedule {
   int splits = 1;
   int64_t split_tiles = 0;  // 0 when splits == 1; <= the tiles
-  double slice_times = 0;   // the model's cost above: slice times per SM, before the x (BN + 125) of prefill_cost
+  double slice_times = 0;   // the model's cost above, in slice times of one CTA, before prefill_cost's
+                            // x (BN + 125) (x 2 (BN + 100) at two CTAs per SM)
 };
 PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // Modelled time in arbitrary units: the schedule's whole-K waves x (slices + 3) plus its split waves x
@@ -190,7 +191,9 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
 // slice costs more nearly its MMA work (BN); a CTA pays ~3 slices of pipeline fill and epilogue, a split
 // one more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and
 // favoured BN = 256 on small layers (up to 54% slower than the best config; 24 of the 84 points past 5%,
-// now none).
+// now none). Two CTAs per SM (min_blocks 2): waves of 2 x SMs CTAs, each slice x 2 (BN + 100), fitted to
+// the two-CTA entries' sweeps (62 points at m = 32-256: geometric mean 1.010 over the best config;
+// docs/prefill-notes.md, "Two CTAs per SM at BN = 64").
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // The same in microseconds on an H200 (~0.0111 us per unit, fitted at m = 32: a BN = 64 slice ~2.1 us).
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
