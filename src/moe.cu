@@ -276,18 +276,22 @@ constexpr int grouped_index(int n_tiles) {
     if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing) return i;
   return -1;
 }
-// The tensor-core path's entry for a token tile: the table's first unsplit prefill entry of that tile with
-// `blocks` CTAs per SM. 64-token tiles run two CTAs per SM (p64_w8_s4_b2), the others one.
-constexpr int prefill_index(int n_tiles, int blocks) {
-  for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kWgmma && kKernelConfigs[i].max_splits <= 1 &&
-        kKernelConfigs[i].min_blocks == blocks)
-      return i;
-  return -1;
+// The tensor-core path's entry for a token tile: the table's unsplit prefill entry of that tile with the
+// most CTAs per SM (the first of equals). 64-token tiles thus run two CTAs per SM (p64_w8_s4_b2: 14% faster
+// at T = 512-2048, docs/moe-notes.md), the wider tiles one.
+constexpr int prefill_index(int n_tiles) {
+  int best = -1;
+  for (int i = 0; i < kNumKernelConfigs; ++i) {
+    const KernelConfig& c = kKernelConfigs[i];
+    if (c.n_tiles == n_tiles && c.pipeline == kWgmma && c.max_splits <= 1 &&
+        (best < 0 || c.min_blocks > kKernelConfigs[best].min_blocks))
+      best = i;
+  }
+  return best;
 }
-constexpr int prefill_index(int n_tiles) { return prefill_index(n_tiles, n_tiles == 8 ? 2 : 1); }
 static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
-              "the config table has no unsplit p64 (two CTAs per SM) / p128 / p256 entry");
+              "the config table has no unsplit p64 / p128 / p256 entry");
+static_assert(kKernelConfigs[prefill_index(8)].min_blocks == 2, "64-token tiles: the two-CTA entry");
 
 template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {

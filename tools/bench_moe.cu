@@ -367,14 +367,14 @@ int main(int argc, char** argv) {
     }
     std::fprintf(fj,
                  "{\n  \"tool\": \"fp4kit-bench-moe\",\n  \"device\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
-                 "  \"method\": \"after 150 ms of the same calls (steady clocks), CUDA graph of %d calls with "
+                 "  \"method\": \"after %.0f ms of the same calls (steady clocks), CUDA graph of %d calls with "
                  "different random routings, median of %d replays "
                  "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
                  "streamed bytes = the same per pass (256 tokens on the FP4 decode path, 64 for BF16 experts, 4096 on the tensor-core path: see each row's path and passes), summed over the passes; "
                  "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
                  "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
-                 json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kRoutings,
+                 json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kWarmMs, kRoutings,
                  replays, kTensorPeak, js.str().c_str());
     std::fclose(fj);
     std::printf("wrote %s\n", opt["json"].c_str());

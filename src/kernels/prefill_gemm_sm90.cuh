@@ -88,14 +88,18 @@ constexpr int kStageChunks = 2;                            // 64-K chunks per st
 constexpr int kStageK = kStageChunks * layout::kChunkK;
 constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;  // stages per 512-K slice
 constexpr int kRecordBytes = 32 * 16;                      // one row tile's records for one chunk
-// Registers per thread after setmaxnreg, by CTAs per SM (kBlocks). One CTA: the launch bound gives 168 to
-// every thread and 2 * 232 + 40 == 3 * 168. Two CTAs (BN = 64 only, whose consumers hold 32 accumulators):
-// the bound gives 80 and 2 * 104 + 24 <= 3 * 80; the producer needs few (one warp issues copies).
+// Registers per thread after setmaxnreg, by CTAs per SM (kBlocks), within what __launch_bounds__(kThreads,
+// kBlocks) gives every thread (launch_regs: 168 for one CTA, 80 for two; allocated in multiples of 8).
+// Two CTAs run BN = 64 only, whose consumers hold 32 accumulators; the producer needs few registers (one
+// warp issues copies).
+constexpr int launch_regs(int blocks) { return 65536 / (kThreads * blocks) / 8 * 8; }
 template <int kBlocks> struct Regs;
-template <> struct Regs<1> { static constexpr int kLaunch = 168, kProducer = 40, kConsumer = 232; };
-template <> struct Regs<2> { static constexpr int kLaunch = 80, kProducer = 24, kConsumer = 104; };
-static_assert(kConsumerWarpgroups * Regs<1>::kConsumer + Regs<1>::kProducer == 3 * Regs<1>::kLaunch, "setmaxnreg budget");
-static_assert(kConsumerWarpgroups * Regs<2>::kConsumer + Regs<2>::kProducer <= 3 * Regs<2>::kLaunch, "setmaxnreg budget");
+template <> struct Regs<1> { static constexpr int kProducer = 40, kConsumer = 232; };
+template <> struct Regs<2> { static constexpr int kProducer = 24, kConsumer = 104; };
+template <int kBlocks> constexpr bool regs_fit() {
+  return kConsumerWarpgroups * Regs<kBlocks>::kConsumer + Regs<kBlocks>::kProducer <= 3 * launch_regs(kBlocks);
+}
+static_assert(regs_fit<1>() && regs_fit<2>(), "setmaxnreg budget");
 
 // Shared memory of one stage: X halves [BN tokens][64 K] (128 B rows, 128-byte swizzle, 1024-aligned),
 // then the records [row tile][chunk][lane][16 B]. kBlocks CTAs per SM share its ~227 KB.

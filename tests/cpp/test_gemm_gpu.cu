@@ -398,25 +398,19 @@ TEST(gemm_prefill_grid_exact_bitwise) {
         const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
         CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
-  // The split tail: sms + 8 tiles of p64 over K = 2048 run one whole-K wave, then the last 8 tiles split K.
-  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-    const int64_t m = 64, n = (device_sms() + 8) * 128, k = 2048;
-    const detail::DecodePlan plan = plan_of(m, f, n, k, config_id("p64_w8_s8_k8"));
-    CHECK_MSG(plan.splits > 1 && plan.split_tiles == 8 && plan.units == device_sms() + 8,
-              "expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits << " of " << plan.units);
-    const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id("p64_w8_s8_k8"));
-    CHECK_MSG(diff == 0, format_name(f) << " split tail: " << diff << " outputs differ");
-  }
-  // The same with two CTAs per SM: a wave is 2 x sms CTAs.
-  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-    const int64_t m = 64, n = (2 * device_sms() + 8) * 128, k = 2048;
-    const detail::DecodePlan plan = plan_of(m, f, n, k, config_id("p64_w8_s4_b2_k8"));
-    CHECK_MSG(plan.splits > 1 && plan.split_tiles == 8 && plan.units == 2 * device_sms() + 8,
-              "two CTAs per SM: expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits
-                                                                        << " of " << plan.units);
-    const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id("p64_w8_s4_b2_k8"));
-    CHECK_MSG(diff == 0, format_name(f) << " split tail, two CTAs per SM: " << diff << " outputs differ");
-  }
+  // The split tail: one wave + 8 tiles of p64 over K = 2048 run one whole-K wave, then the last 8 tiles
+  // split K. A wave is every resident CTA: sms, or 2 x sms for the two-CTA entry.
+  for (const char* name : {"p64_w8_s8_k8", "p64_w8_s4_b2_k8"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+      const int64_t wave = device_sms() * find_config(config_id(name))->min_blocks;
+      const int64_t m = 64, n = (wave + 8) * 128, k = 2048;
+      const detail::DecodePlan plan = plan_of(m, f, n, k, config_id(name));
+      CHECK_MSG(plan.splits > 1 && plan.split_tiles == 8 && plan.units == wave + 8,
+                name << ": expected a split tail of 8 tiles, got " << plan.split_tiles << " x " << plan.splits << " of "
+                     << plan.units);
+      const int64_t diff = grid_exact_diff(f, m, n, k, true, config_id(name));
+      CHECK_MSG(diff == 0, format_name(f) << " " << name << " split tail: " << diff << " outputs differ");
+    }
 }
 
 // Every prefill config (Hopper) at the m of the issue and at small m (a prefill config chosen for m = 1
@@ -506,9 +500,7 @@ TEST(gemm_prefill_deterministic) {
 // config elsewhere), and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {
   const int major = device_major();
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t sms = device_sms();
   for (int64_t m : {int64_t(1), int64_t(16), int64_t(32), kPrefillMinM, int64_t(64), int64_t(256), int64_t(4096)}) {
     const detail::DecodePlan plan = plan_of(m, Format::kNVFP4, 8192, 8192, -1);
     const bool want_prefill = major == 9 && (m >= kPrefillMinM || (m >= kCrossoverMinM && sms >= 128));

@@ -181,7 +181,7 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(pick_config(32, 8192, 1024), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
   CHECK_EQ(pick_config(16, 4096, 14336), id_of("m16_r1_w8_b2_c8x2"));  // 16 tokens: decode
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("m32_r1_w8_b2_c4x2"));  // 128 CTAs > 100 SMs
-  // MXFP4: up to two waves when K is not split.
+  // MXFP4: the decode kernel's model is 1.1x the NVFP4 one, so the prefill kernel takes more layers.
   const Format mx = Format::kMXFP4;
   CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2"));       // 224 tiles
   CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2_k8"));    // 80 tiles x 3 splits
