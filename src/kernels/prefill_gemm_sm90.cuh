@@ -266,12 +266,15 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// wgmma.mma_async m64nBNk16, f32 += T(A, registers) * T(B, shared memory, K-major), scale-d = 1.
-// One macro instantiates the wrapper per activation type and size over the operand lists below.
+// wgmma.mma_async m64nBNk16, f32 += T(A, registers) * T(B, shared memory, K-major), scale-d = 1, on the
+// first BN / 2 floats of the accumulator array it is given (a narrower product on a wider tile's prefix:
+// the m64nN layout puts token 8j + 2t + e at element 4j + 2h + e, so the first N tokens are the first N / 2
+// elements). One macro instantiates the wrapper per activation type and size over the operand lists below.
 template <typename T, int BN> struct Wgmma;
 // Each size's lists extend the previous size's (the accumulator of m64nBN is BN / 2 floats per thread).
-#define FP4KIT_WGMMA_D64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define FP4KIT_WGMMA_D16 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define FP4KIT_WGMMA_D32 FP4KIT_WGMMA_D16 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define FP4KIT_WGMMA_D64 FP4KIT_WGMMA_D32 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FP4KIT_WGMMA_D128 FP4KIT_WGMMA_D64 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -281,9 +284,11 @@ template <typename T, int BN> struct Wgmma;
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define FP4KIT_WGMMA_OPS64(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+#define FP4KIT_WGMMA_OPS16(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define FP4KIT_WGMMA_OPS32(d) FP4KIT_WGMMA_OPS16(d), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define FP4KIT_WGMMA_OPS64(d) FP4KIT_WGMMA_OPS32(d), \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define FP4KIT_WGMMA_OPS128(d) FP4KIT_WGMMA_OPS64(d), \
@@ -300,6 +305,10 @@ template <typename T, int BN> struct Wgmma;
   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define FP4KIT_WGMMA_TAIL16 "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+#define FP4KIT_WGMMA_PRED16 "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+#define FP4KIT_WGMMA_TAIL32 "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+#define FP4KIT_WGMMA_PRED32 "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
 #define FP4KIT_WGMMA_TAIL64 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
 #define FP4KIT_WGMMA_PRED64 "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
 #define FP4KIT_WGMMA_TAIL128 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
@@ -308,13 +317,19 @@ template <typename T, int BN> struct Wgmma;
 #define FP4KIT_WGMMA_PRED256 "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
 #define FP4KIT_WGMMA(CT, PT, BN)                                                                          \
   template <> struct Wgmma<CT, BN> {                                                                       \
-    __device__ __forceinline__ static void mma(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) { \
+    template <int kLen>                                                                                    \
+    __device__ __forceinline__ static void mma(float (&d)[kLen], const uint32_t (&a)[4], uint64_t desc) {   \
+      static_assert(kLen >= BN / 2, "m64nBN writes BN / 2 accumulators per thread");                        \
       asm volatile(FP4KIT_WGMMA_PRED##BN "wgmma.mma_async.sync.aligned.m64n" #BN "k16.f32." PT "." PT " {"   \
                    FP4KIT_WGMMA_D##BN FP4KIT_WGMMA_TAIL##BN                                                  \
                    : FP4KIT_WGMMA_OPS##BN(d)                                                                \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));                        \
     }                                                                                                      \
   };
+FP4KIT_WGMMA(__nv_bfloat16, "bf16", 16)
+FP4KIT_WGMMA(__half, "f16", 16)
+FP4KIT_WGMMA(__nv_bfloat16, "bf16", 32)
+FP4KIT_WGMMA(__half, "f16", 32)
 FP4KIT_WGMMA(__nv_bfloat16, "bf16", 64)
 FP4KIT_WGMMA(__half, "f16", 64)
 FP4KIT_WGMMA(__nv_bfloat16, "bf16", 128)
@@ -323,6 +338,14 @@ FP4KIT_WGMMA(__nv_bfloat16, "bf16", 256)
 FP4KIT_WGMMA(__half, "f16", 256)
 #undef FP4KIT_WGMMA
 
+#undef FP4KIT_WGMMA_D16
+#undef FP4KIT_WGMMA_OPS16
+#undef FP4KIT_WGMMA_TAIL16
+#undef FP4KIT_WGMMA_PRED16
+#undef FP4KIT_WGMMA_D32
+#undef FP4KIT_WGMMA_OPS32
+#undef FP4KIT_WGMMA_TAIL32
+#undef FP4KIT_WGMMA_PRED32
 #undef FP4KIT_WGMMA_D64
 #undef FP4KIT_WGMMA_OPS64
 #undef FP4KIT_WGMMA_TAIL64
@@ -461,53 +484,70 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
 
-  // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
-  // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
-  for (int j = j_begin; j < j_end; ++j) {
-    sc.decode(rec.v);
-    if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
-#pragma unroll
-    for (int q = 0; q < kStagesPerSlice; ++q) {
-      const int s = j * kStagesPerSlice + q;
-      if (s >= n_stages) break;  // uniform: only the last slice may be short
-      const int r = s - s_begin, slot = r % S;
-      mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
-      const uint32_t st = ring + slot * G::kStage;
-      const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
-      const uint64_t desc0 = sw128_desc(st);
-#pragma unroll
-      for (int i = 0; i < kStageChunks; ++i) {
-        // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
-        // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
-        // wgmmas run regardless: control flow around them made ptxas close each group with an extra
-        // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
-        const bool have = kStageChunks * s + i < p.k_chunks;
-        uint32_t a[4][4];
-        own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
-        fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
-        fence_acc(acc);
-        wgmma_fence();  // A registers and accumulators were written by this thread
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
-          const uint32_t off = i * G::kXHalf + ks * 32;
-          Wgmma<T, BN>::mma(acc, a[ks], desc0 + (off >> 4));
-        }
-        wgmma_commit();
-        fence_acc(acc);
-        wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
-        if (i == 0 && r > 0) {
-          // That group was stage s-1's last: hand its slot back to the producer.
-          // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
-          // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
-          // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
-          mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+  // The main loop, its wgmmas NW tokens wide. Grouped mode: an expert's last tile often holds far fewer
+  // rows than BN (gpt-oss-120b at 4096 tokens per pass: 128 +- 11 rows per expert in 128-token tiles, so
+  // half the experts take a second tile of ~10 rows), so a tile of at most BN / 4 or BN / 2 valid tokens
+  // runs m64n(BN/4) or m64n(BN/2) on the accumulator's prefix: a quarter or half of the tensor-core work
+  // (its columns past NW stay zero and are never written). The width is uniform per CTA; each width is
+  // its own copy of the loop, so every wgmma group keeps one shape.
+  auto main_loop = [&](auto width) {
+    constexpr int NW = decltype(width)::value;
+    // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
+    // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
+    for (int j = j_begin; j < j_end; ++j) {
+      sc.decode(rec.v);
+      if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+      #pragma unroll
+      for (int q = 0; q < kStagesPerSlice; ++q) {
+        const int s = j * kStagesPerSlice + q;
+        if (s >= n_stages) break;  // uniform: only the last slice may be short
+        const int r = s - s_begin, slot = r % S;
+        mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
+        const uint32_t st = ring + slot * G::kStage;
+        const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
+        const uint64_t desc0 = sw128_desc(st);
+        #pragma unroll
+        for (int i = 0; i < kStageChunks; ++i) {
+          // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
+          // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
+          // wgmmas run regardless: control flow around them made ptxas close each group with an extra
+          // dummy wgmma and lose the overlap of one group with the next chunk's dequantisation.
+          const bool have = kStageChunks * s + i < p.k_chunks;
+          uint32_t a[4][4];
+          own_fragments<F, T>(a, recs + i * kRecordBytes, have ? sc.get(kStageChunks * q + i) : 0u, lane);
+          fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
+          fence_acc(acc);
+          wgmma_fence();  // A registers and accumulators were written by this thread
+          #pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
+            const uint32_t off = i * G::kXHalf + ks * 32;
+            Wgmma<T, NW>::mma(acc, a[ks], desc0 + (off >> 4));
+          }
+          wgmma_commit();
+          fence_acc(acc);
+          wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
+          if (i == 0 && r > 0) {
+            // That group was stage s-1's last: hand its slot back to the producer.
+            // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
+            // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
+            // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
+            mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+          }
         }
       }
     }
+    wgmma_wait<0>();
+    fence_acc(acc);
+  };
+  if constexpr (kGrouped) {
+    const int valid = op.tok_end - op.tok_begin;  // >= 1: tiles exist only for rows
+    if (valid <= BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
+    else if (valid <= BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
+    else main_loop(std::integral_constant<int, BN>{});
+  } else {
+    main_loop(std::integral_constant<int, BN>{});
   }
-  wgmma_wait<0>();
-  fence_acc(acc);
 
   // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
   // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile

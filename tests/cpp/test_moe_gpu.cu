@@ -145,7 +145,8 @@ struct Case {
   MoEActivation act = MoEActivation::kSiluAndMul;
   GateUpLayout layout = GateUpLayout::kConcatenated;
   bool bias = false;
-  enum Routing { kRandom, kSkewed, kOneExpert } routing = kRandom;
+  enum Routing { kRandom, kSkewed, kOneExpert, kCounts } routing = kRandom;
+  std::vector<int> counts;  // kCounts (top_k = 1): expert e gets counts[e] tokens, T = their sum
   std::vector<std::pair<int, int>> bad;  // (pair index, id) overrides
   MoEPath path = MoEPath::kAuto;
   int token_tile = 0;  // MoEArgs::token_tile (tensor-core path)
@@ -162,6 +163,12 @@ double act_ref(double g, double u, const Case& c) {
 
 std::vector<int32_t> make_ids(const Case& c) {
   std::vector<int32_t> ids(size_t(c.T * c.top_k));
+  if (c.routing == Case::kCounts) {  // top_k = 1: each expert's count of tokens, in shuffled token order
+    ids.clear();
+    for (int e = 0; e < int(c.counts.size()); ++e) ids.insert(ids.end(), size_t(c.counts[size_t(e)]), e);
+    std::shuffle(ids.begin(), ids.end(), rng());
+    return ids;
+  }
   std::vector<int> perm(size_t(c.E));
   for (int64_t t = 0; t < c.T; ++t) {
     std::iota(perm.begin(), perm.end(), 0);
@@ -575,6 +582,29 @@ TEST(moe_tensor_core_matches_reference) {
       c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
       c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
       c.bias = t.k != 2;
+      check_case(c);
+    }
+}
+
+// Every token-tile width of the grouped prefill kernel (prefill_gemm_sm90.cuh: a tile of at most BN / 4 or
+// BN / 2 valid tokens runs m64n(BN/4) or m64n(BN/2)): experts whose last tile holds exactly BN / 4, BN / 4 + 1,
+// BN / 2, BN / 2 + 1, BN / 4 (after a whole tile), 1 (after a whole tile) and 1 token, and one expert
+// without tokens, for each forced token tile.
+TEST(moe_tensor_core_narrow_tiles) {
+  if (!tensor_core_path_here("moe_tensor_core_narrow_tiles")) return;
+  for (int bn : {64, 128, 256})
+    for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+      Case c;
+      c.path = MoEPath::kTensorCore;
+      c.token_tile = bn;
+      c.f = f;
+      c.top_k = 1;
+      c.E = 9;
+      c.counts = {bn / 4, bn / 4 + 1, bn / 2, bn / 2 + 1, bn + bn / 4, bn + 1, 1, 0, bn};
+      c.T = 0;
+      for (int v : c.counts) c.T += v;
+      c.routing = Case::kCounts;
+      c.bias = true;
       check_case(c);
     }
 }
