@@ -182,7 +182,7 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
   p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
   p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
-  p.lane_x_grid = int(std::min<int64_t>((p.pass_m * l.k_pad / 8 + 255) / 256, int64_t(std::max(sms, 1)) * 8));
+  p.lane_x_grid = int(std::min<int64_t>(p.pass_m, int64_t(std::max(sms, 1)) * 16));  // rows per CTA in turn
   *out = p;
   return Status::Ok();
 }
@@ -257,7 +257,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
 
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int blocks, cudaStream_t stream, bool pdl) {
-  return launch_kernel(&kernels::lane_order_kernel, dim3(blocks), dim3(256), 0, stream, pdl,
+  return launch_kernel(&kernels::lane_order_kernel, dim3(blocks), dim3(128), 0, stream, pdl,
                        static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
                        static_cast<uint4*>(dst));
 }

@@ -52,7 +52,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
 
 // Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
 // r < rows, or < *n_rows when n_rows is given (read on the device), permuted and k_pad long. `blocks` CTAs
-// of 256 threads; pdl: launched with programmatic dependent launch.
+// of 128 threads; pdl: launched with programmatic dependent launch.
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int blocks, cudaStream_t stream, bool pdl);
 
