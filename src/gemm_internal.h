@@ -33,7 +33,7 @@ struct DecodePlan {
   // of one pass: the workspace stays bounded, see lane_x_pass_bytes).
   int64_t pass_m = 0;
   size_t lane_x_offset = 0;
-  int lane_x_grid = 0;      // prefill: CTAs of the lane-order pass (rows in turn, up to 16 per SM)
+  int lane_x_sms = 0;       // prefill: the device's SMs, for the lane-order pass's grid (row_vector_grid)
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
 };
 

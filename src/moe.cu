@@ -260,7 +260,8 @@ template <typename T> __device__ __forceinline__ uint32_t store2(float lo, float
 
 // a row r = act(h row r): [inter] in natural order (decode path, row_len = inter), or (lane) for the
 // tensor-core path's down GEMM [row_len = k_pad] in lane order (lane_format: the experts' format; pairs
-// past inter zero). A CTA takes rows in turn, its threads one 16-byte output vector (4 pairs) each: the
+// past inter zero). Grid (x, y): CTA (x, y) takes rows x, x + gridDim.x, ..., and its threads the 16-byte
+// output vectors (4 pairs) y * blockDim.x + thread of each (ew_grid): the
 // pairs' gate/up values are loaded first (interleaved: 8 contiguous bytes per pair; concatenated: 4 + 4),
 // so every thread has 32 bytes in flight. (One pair per thread and step, with 2-byte loads and a 64-bit
 // index division, ran at ~20% of the HBM bandwidth: 266 us of a 4096-token pass of gpt-oss-120b, in
@@ -274,85 +275,84 @@ __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int i
   kernels::griddep_wait();
   const int rows = *n_rows, vecs = row_len / 8;
   const bool il = layout == GateUpLayout::kInterleaved;
+  const int v = blockIdx.y * blockDim.x + threadIdx.x;  // this thread's vector of every row it takes
+  if (v >= vecs) return;
+  int nat[4];  // the first natural element of each of the vector's pairs (>= inter: lane order's padding)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) nat[j] = 2 * int(lane ? layout::natural_pair(lane_format, 4 * v + j) : 4 * v + j);
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* hr = h + int64_t(r) * 2 * inter;
-    uint4* ar = reinterpret_cast<uint4*>(a + int64_t(r) * row_len);
-    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
-      uint32_t g[4], u[4];  // the gate and up values of natural elements i, i + 1 of each pair
+    uint32_t g[4], u[4];  // gate and up of natural elements i, i + 1 of each pair, as raw T pairs
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int q = 4 * v + j;
-        const int i = 2 * int(lane ? layout::natural_pair(lane_format, q) : q);  // first natural element
-        g[j] = u[j] = 0u;
-        if (i >= inter) continue;  // lane order's pairs past K: zero
-        if (il) {  // g_i, u_i, g_i+1, u_i+1
-          const uint2 w = *reinterpret_cast<const uint2*>(hr + 2 * i);
-          g[j] = __byte_perm(w.x, w.y, 0x5410);
-          u[j] = __byte_perm(w.x, w.y, 0x7632);
-        } else {
-          g[j] = *reinterpret_cast<const uint32_t*>(hr + i);
-          u[j] = *reinterpret_cast<const uint32_t*>(hr + inter + i);
-        }
+    for (int j = 0; j < 4; ++j) {
+      const int i = nat[j];
+      g[j] = u[j] = 0u;
+      if (i >= inter) continue;
+      if (il) {  // g_i, u_i, g_i+1, u_i+1: 8 bytes
+        const uint2 w = *reinterpret_cast<const uint2*>(hr + 2 * i);
+        g[j] = __byte_perm(w.x, w.y, 0x5410);
+        u[j] = __byte_perm(w.x, w.y, 0x7632);
+      } else {
+        g[j] = *reinterpret_cast<const uint32_t*>(hr + i);
+        u[j] = *reinterpret_cast<const uint32_t*>(hr + inter + i);
       }
-      uint32_t out[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int q = 4 * v + j;
-        const int i = 2 * int(lane ? layout::natural_pair(lane_format, q) : q);
-        const float2 gf = load2<T>(g[j]), uf = load2<T>(u[j]);
-        out[j] = i < inter ? store2<T>(activate(gf.x, uf.x, act, alpha, limit), activate(gf.y, uf.y, act, alpha, limit))
-                           : 0u;
-      }
-      ar[v] = make_uint4(out[0], out[1], out[2], out[3]);
     }
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 gf = load2<T>(g[j]), uf = load2<T>(u[j]);
+      out[j] = nat[j] < inter ? store2<T>(activate(gf.x, uf.x, act, alpha, limit), activate(gf.y, uf.y, act, alpha, limit))
+                              : 0u;
+    }
+    reinterpret_cast<uint4*>(a + int64_t(r) * row_len)[v] = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
 // ---- 5. combine ------------------------------------------------------------------------------------
 // The expert outputs are read as they are (no saturation: an infinite o_tj makes its token's row infinite,
-// as an unfused layer's would), summed in fp32 in slot order and rounded once to T. A CTA takes tokens in
-// turn, its threads one 16-byte vector of the row each, with up to four slots' vectors loaded before they
-// are summed (hidden % 8 == 0: the validator).
+// as an unfused layer's would), summed in fp32 in slot order and rounded once to T. Grid (x, y) as the
+// activation's, over tokens and 16-byte vectors of the row; up to four slots' vectors are loaded before
+// they are summed (hidden % 8 == 0: the validator).
 template <typename T>
 __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const float* weights, int tokens, int top_k,
                                    int hidden, T* y) {
   kernels::griddep_launch_dependents();
   kernels::griddep_wait();
   const int vecs = hidden / 8;
+  const int v = blockIdx.y * blockDim.x + threadIdx.x;  // this thread's vector of every token it takes
+  if (v >= vecs) return;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int* rop = row_of_pair + int64_t(t) * top_k;
     const float* wt = weights + int64_t(t) * top_k;
-    for (int v = threadIdx.x; v < vecs; v += blockDim.x) {
-      float acc[8];
+    float acc[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-      for (int j0 = 0; j0 < top_k; j0 += 4) {
-        uint4 raw[4];
-        int row[4];
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    for (int j0 = 0; j0 < top_k; j0 += 4) {
+      uint4 raw[4];
+      int row[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          row[k] = j0 + k < top_k ? rop[j0 + k] : -2;
-          raw[k] = row[k] >= 0 ? reinterpret_cast<const uint4*>(o + int64_t(row[k]) * hidden)[v] : make_uint4(0, 0, 0, 0);
-        }
+      for (int k = 0; k < 4; ++k) {
+        row[k] = j0 + k < top_k ? rop[j0 + k] : -2;
+        raw[k] = row[k] >= 0 ? reinterpret_cast<const uint4*>(o + int64_t(row[k]) * hidden)[v] : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (row[k] == -2) break;
-          const float w = wt[j0 + k];
-          const uint32_t words[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+      for (int k = 0; k < 4; ++k) {
+        if (row[k] == -2) break;
+        const float w = wt[j0 + k];
+        const uint32_t words[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = load2_raw<T>(words[e]);
-            acc[2 * e] += row[k] < 0 ? NAN : w * f.x;
-            acc[2 * e + 1] += row[k] < 0 ? NAN : w * f.y;
-          }
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = load2_raw<T>(words[e]);
+          acc[2 * e] += row[k] < 0 ? NAN : w * f.x;
+          acc[2 * e + 1] += row[k] < 0 ? NAN : w * f.y;
         }
       }
-      uint32_t out[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[e] = uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e]))) |
-                                           uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e + 1]))) << 16;
-      reinterpret_cast<uint4*>(y + int64_t(t) * hidden)[v] = make_uint4(out[0], out[1], out[2], out[3]);
     }
+    uint32_t out[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e]))) |
+                                         uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e + 1]))) << 16;
+    reinterpret_cast<uint4*>(y + int64_t(t) * hidden)[v] = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -753,20 +753,23 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     p.k_steps = int((w.k + 31) / 32);
     detail::launch_kernel(bp.fn, dim3(bp.grid), dim3(kernels::kBf16Warps * 32), 0, stream, plan.pdl, p);
   };
-  // Element-wise kernels (gather, activation, combine): a CTA of kEwThreads takes rows in turn, 16 CTAs
-  // per SM (2048 threads, each with a 16-32 byte vector in flight).
-  const int ew_blocks = std::max(1, plan.sms) * 16;
+  // Element-wise kernels (gather, activation, combine): detail::row_vector_grid, one 16-byte vector per
+  // thread of kEwThreads.
+  auto ew_grid = [&](int64_t max_rows, int64_t row_len) {
+    return detail::row_vector_grid(max_rows, row_len / 8, plan.sms, kEwThreads);
+  };
   const bool f16 = a.act == DType::kF16;
   const int64_t eb = dtype_bytes(a.act);
-  auto launch_activation = [&] {
+  auto launch_activation = [&](int pairs) {
     const int* n_rows = b.offset + E;
     const int inter = int(a.inter), len = int(plan.a_len);
+    const dim3 grid = ew_grid(pairs, len);
     if (f16)
-      detail::launch_kernel(&moe_activation_kernel<__half>, dim3(ew_blocks), dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_activation_kernel<__half>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
                             static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, len, plan.tc,
                             a.down.format, a.activation, a.layout, a.alpha, a.limit);
     else
-      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
                             len, plan.tc, a.down.format, a.activation, a.layout, a.alpha, a.limit);
   };
@@ -774,11 +777,12 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const float* w = a.topk_weights + t0 * a.top_k;
     const int* rop = b.row_of_pair;
     const int hidden = int(a.hidden);
+    const dim3 grid = ew_grid(tokens, hidden);
     if (f16)
-      detail::launch_kernel(&moe_combine_kernel<__half>, dim3(ew_blocks), dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_combine_kernel<__half>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
                             static_cast<const __half*>(o), rop, w, tokens, a.top_k, hidden, static_cast<__half*>(y));
     else
-      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, dim3(ew_blocks), dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(o), rop, w, tokens, a.top_k, hidden,
                             static_cast<__nv_bfloat16*>(y));
   };
@@ -813,17 +817,17 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     if (plan.tc) {
       // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until
       // then).
-      detail::launch_lane_order(x, b.token_of_row, b.offset + E, 0, a.gate_up.format, a.hidden, plan.x_len, o,
-                                ew_blocks, stream, plan.pdl);
+      detail::launch_lane_order(x, b.token_of_row, b.offset + E, 0, a.gate_up.format, a.hidden, plan.x_len, o, pairs,
+                                plan.sms, stream, plan.pdl);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
-      launch_activation();
+      launch_activation(pairs);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
       launch_combine(t0, tokens, y);
       continue;
     }
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
     else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
-    launch_activation();
+    launch_activation(pairs);
     if (plan.bf16) launch_bf16(plan.bdn, a.down, act, nullptr, o);
     else launch_grouped(plan.dn, a.down, act, nullptr, o);
     launch_combine(t0, tokens, y);

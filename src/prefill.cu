@@ -182,7 +182,7 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
   p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
   p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
-  p.lane_x_grid = int(std::min<int64_t>(p.pass_m, int64_t(std::max(sms, 1)) * 16));  // rows per CTA in turn
+  p.lane_x_sms = sms;
   *out = p;
   return Status::Ok();
 }
@@ -233,7 +233,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
     // X of this pass into lane order (the kernel's K order, kernels/lane_order.cuh) in the workspace.
     void* xl = ws + plan.lane_x_offset;
-    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, plan.lane_x_grid, stream, false);
+    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, m, plan.lane_x_sms, stream, false);
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
@@ -255,10 +255,17 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   return Status::Ok();
 }
 
+dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms, int threads) {
+  const int64_t y = std::max<int64_t>(1, (row_vecs + threads - 1) / threads);
+  const int64_t x = std::max<int64_t>(1, std::min<int64_t>(max_rows, std::max<int64_t>(1, int64_t(std::max(sms, 1)) * 16 / y)));
+  return dim3(unsigned(x), unsigned(y));
+}
+
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int blocks, cudaStream_t stream, bool pdl) {
-  return launch_kernel(&kernels::lane_order_kernel, dim3(blocks), dim3(128), 0, stream, pdl,
-                       static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
+                              int64_t k_pad, void* dst, int64_t max_rows, int sms, cudaStream_t stream, bool pdl) {
+  constexpr int kThreads = 128;
+  return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(max_rows, k_pad / 8, sms, kThreads), dim3(kThreads), 0,
+                       stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
                        static_cast<uint4*>(dst));
 }
 
