@@ -52,7 +52,6 @@ namespace fp4kit {
 namespace {
 
 constexpr int kAlignThreads = 1024;
-constexpr int kAlignBatch = 8;   // align: pairs per thread whose ids are loaded together
 constexpr int kEwThreads = 128;  // element-wise kernels: one 16-byte vector per thread and step
 
 using kernels::GroupedSchedule;
@@ -148,20 +147,8 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
-  // Each thread's ids of kAlignBatch steps are loaded before its shared atomics: one dependent global load
-  // per step kept the CTA waiting ~1 us per step (36 us for the 16384 pairs of a 4096-token gpt-oss pass,
-  // in Nsight Compute).
-  for (int i0 = threadIdx.x; i0 < pairs; i0 += kAlignBatch * blockDim.x) {
-    int id[kAlignBatch];
-#pragma unroll
-    for (int k = 0; k < kAlignBatch; ++k) {
-      const int i = i0 + k * blockDim.x;
-      id[k] = i < pairs && routed(ids, i, top_k, experts) ? ids[i] : -1;
-    }
-#pragma unroll
-    for (int k = 0; k < kAlignBatch; ++k)
-      if (id[k] >= 0) atomicAdd(&s_count[id[k]], 1);
-  }
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x)
+    if (routed(ids, i, top_k, experts)) atomicAdd(&s_count[ids[i]], 1);
   __syncthreads();
   // Offsets, tiles and schedule entries in ascending expert order, so the stream-K split of each expert
   // (and with it every sum) is the same on every call with the same routing.
@@ -188,24 +175,13 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
     *b.n_active = carry.entries;
   }
   __syncthreads();
-  for (int i0 = threadIdx.x; i0 < pairs; i0 += kAlignBatch * blockDim.x) {
-    int id[kAlignBatch];
-#pragma unroll
-    for (int k = 0; k < kAlignBatch; ++k) {
-      const int i = i0 + k * blockDim.x;
-      id[k] = i < pairs && routed(ids, i, top_k, experts) ? ids[i] : -1;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    int row = -1;
+    if (routed(ids, i, top_k, experts)) {
+      row = atomicAdd(&s_count[ids[i]], 1);  // arrival order within an expert: no value depends on it
+      b.token_of_row[row] = i / top_k;
     }
-#pragma unroll
-    for (int k = 0; k < kAlignBatch; ++k) {
-      const int i = i0 + k * blockDim.x;
-      if (i >= pairs) break;
-      int row = -1;
-      if (id[k] >= 0) {
-        row = atomicAdd(&s_count[id[k]], 1);  // arrival order within an expert: no value depends on it
-        b.token_of_row[row] = i / top_k;
-      }
-      b.row_of_pair[i] = row;
-    }
+    b.row_of_pair[i] = row;
   }
 }
 
