@@ -23,7 +23,7 @@
 // Tensor-core path (FP4 experts, sm_90a, large T): passes of up to kMoETensorCorePassTokens tokens, six
 // launches per pass: align (which also numbers each expert's token tiles), a gather of X into sorted row
 // order (the grouped prefill GEMM reads X by TMA, which takes contiguous rows; the gathered copy costs
-// T * top_k * H * 2 bytes of traffic, ~1% of the GEMMs' time at T = 4096), gate_up and down as grouped
+// T * top_k * H * 2 bytes of traffic, ~1% of the GEMMs' time at T = 8192), gate_up and down as grouped
 // prefill GEMMs (prefill_gemm_sm90.cuh, kGrouped: one launch covers every expert's 128-row x BN-token
 // tiles), the activation and the same combine. The gather and the activation write their rows in lane
 // order (layout::natural_pair, k_pad long), the K order in which each lane of the GEMM dequantises only
@@ -505,11 +505,13 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.max_entries = p.max_active;
   p.pdl = detail::pdl_enabled_here();
   if (p.tc) {
-    // Token tile (unless a.token_tile says): 256 rows where an expert has >= 384 of the pass on average,
-    // 128 from 96, else 64. A partial tile computes empty columns; every extra tile dequantises the
-    // expert's weights again (from L2).
+    // Token tile (unless a.token_tile says): 256 rows where an expert has >= 192 of the pass on average,
+    // 128 from 96, else 64. An expert's last tile runs narrower wgmmas when it holds few rows
+    // (prefill_gemm_sm90.cuh), but still dequantises all its weights; every extra tile dequantises the
+    // expert's weights again (from L2). Forced tiles at 128 and 256 rows per expert
+    // (moe_tiles_*_a1ca1c2.json): 128-token tiles win at 128, 256-token tiles at 256 and above.
     const int avg = p.pairs / p.max_active;
-    const int bn = a.token_tile ? a.token_tile : avg >= 384 ? 256 : avg >= 96 ? 128 : 64;
+    const int bn = a.token_tile ? a.token_tile : avg >= 192 ? 256 : avg >= 96 ? 128 : 64;
     const KernelConfig& cfg = kKernelConfigs[prefill_index(bn / 8)];
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));

@@ -13,8 +13,8 @@
 // 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
 // graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
 // TFLOP/s = 2 T top_k (H 2I + I H) / time (the layer's useful flops), against ~790 TFLOP/s (an H200's BF16
-// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes (256 tokens on the FP4 decode path, 64 for
-// BF16 experts, 4096 on the tensor-core path; fp4kit/moe.h), each pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
+// tensor-core ceiling, docs/prefill-plan.md). The op runs T in passes (kMoEDecodePassTokens on the FP4 decode
+// path, kMoEBF16PassTokens for BF16 experts, kMoETensorCorePassTokens on the tensor-core path; fp4kit/moe.h), each pass streaming the experts its tokens touch: streamed_bytes counts them per pass (what the kernels read
 // from memory, up to L2 hits), touched_bytes once per call (what a single pass over all T would read).
 // The bytes a call must read are its touched experts' prepacked bytes (counted per routing, averaged over
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
@@ -371,11 +371,12 @@ int main(int argc, char** argv) {
                  "different random routings, median of %d replays "
                  "(long calls, large T: fewer calls per graph and replays, see each row's calls_per_graph and replays); "
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
-                 "streamed bytes = the same per pass (256 tokens on the FP4 decode path, 64 for BF16 experts, 4096 on the tensor-core path: see each row's path and passes), summed over the passes; "
+                 "streamed bytes = the same per pass (%lld tokens on the FP4 decode path, %lld for BF16 experts, %lld on the tensor-core path: see each row's path and passes), summed over the passes; "
                  "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
                  "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kWarmMs, kRoutings,
-                 replays, kTensorPeak, js.str().c_str());
+                 replays, static_cast<long long>(kMoEDecodePassTokens), static_cast<long long>(kMoEBF16PassTokens),
+                 static_cast<long long>(kMoETensorCorePassTokens), kTensorPeak, js.str().c_str());
     std::fclose(fj);
     std::printf("wrote %s\n", opt["json"].c_str());
   }

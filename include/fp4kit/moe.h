@@ -47,7 +47,9 @@
 //                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
 //     BF16 experts always take their grouped GEMV (passes of kMoEBF16PassTokens tokens).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
-//     (the call clears what it relies on). One workspace per stream.
+//     (the call clears what it relies on). One workspace per stream. It grows with min(T, pass tokens):
+//     on the tensor-core path up to ~0.8 GB for gpt-oss-120b and ~1.7 GB for DeepSeek-V3 (8192-token
+//     passes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -96,7 +98,11 @@ enum class MoEPath : int {
 constexpr int64_t kMoETensorCoreMinTokens = 64;
 constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
 constexpr int64_t kMoEBF16PassTokens = 64;     // BF16 experts (their GEMV serves <= 64 rows per expert)
-constexpr int64_t kMoETensorCorePassTokens = 4096;
+// Tensor-core passes: every pass re-reads the weights of the experts it touches (gpt-oss-120b: 1.7 GB, ~0.4 ms
+// at HBM speed), and more rows per expert fill wider token tiles; the workspace grows with the pass
+// (tokens x top_k x (3 I + H) x 2 bytes, roughly: gpt-oss-120b ~0.8 GB, DeepSeek-V3 ~1.7 GB at 8192).
+// 8192 against 4096: gpt-oss-120b and DeepSeek-V3 at T = 8192 17-18% faster (docs/moe-notes.md).
+constexpr int64_t kMoETensorCorePassTokens = 8192;
 
 struct MoEArgs {
   int64_t tokens = 0;  // T
