@@ -11,7 +11,7 @@
 // validator's messages. FP16 activations (FP4 experts): both formats and activations, biases, T = 1 .. 100,
 // the gpt-oss shape, and gate/up values past the FP16 range (saturation), against the dense FP16 GEMM
 // tests' gate (rel-L2 < 2e-3, cosine > 0.999). The tensor-core path (sm_90a; skipped with the reason
-// elsewhere): forced at T = 1 .. 4100 (two 4096-token passes), top-k 1 .. 8, skewed and one-expert
+// elsewhere): forced at T = 1 .. kMoETensorCorePassTokens + 8 (two passes), top-k 1 .. 8, skewed and one-expert
 // routing, FP16, the gpt-oss shape, and chosen automatically past kMoEDecodePassTokens with bad ids.
 #include <cuda_runtime.h>
 
@@ -555,7 +555,7 @@ bool tensor_core_path_here(const char* test) {
 // NVFP4's odd last stage) and I = 96 (down K = 96), n = 192 and 160 (partial 128-row blocks). Tokens:
 // 1 (one row), 37 and 300 (partial token tiles; skewed: several tiles per expert), kOneExpert (every
 // token on experts 0..k-1: one expert with T rows, many tiles), T = 1000 with top-1 (128-token tiles),
-// and 4100 tokens (two passes of 4096). The cases cycle through the token tiles (chosen, 64, 128, 256).
+// and kMoETensorCorePassTokens + 8 tokens (two passes). The cases cycle through the token tiles (chosen, 64, 128, 256).
 TEST(moe_tensor_core_matches_reference) {
   if (!tensor_core_path_here("moe_tensor_core_matches_reference")) return;
   struct TC { int64_t T; int k; Case::Routing r; bool f16; };
