@@ -52,7 +52,7 @@ namespace fp4kit {
 namespace {
 
 constexpr int kAlignThreads = 1024;
-constexpr int kEwThreads = 128;  // element-wise kernels: one 16-byte vector per thread and step
+constexpr int kEwThreads = 128;  // element-wise kernels' CTAs: one 16-byte vector of a row per thread
 
 using kernels::GroupedSchedule;
 using detail::check_shape;
@@ -238,10 +238,10 @@ template <typename T> __device__ __forceinline__ uint32_t store2(float lo, float
 
 // a row r = act(h row r): [inter] in natural order (decode path, row_len = inter), or (lane) for the
 // tensor-core path's down GEMM [row_len = k_pad] in lane order (lane_format: the experts' format; pairs
-// past inter zero). Grid (x, y): CTA (x, y) takes rows x, x + gridDim.x, ..., and its threads the 16-byte
-// output vectors (4 pairs) y * blockDim.x + thread of each (ew_grid): the
-// pairs' gate/up values are loaded first (interleaved: 8 contiguous bytes per pair; concatenated: 4 + 4),
-// so every thread has 32 bytes in flight. (One pair per thread and step, with 2-byte loads and a 64-bit
+// past inter zero). Grid (x, y) (detail::row_vector_grid): CTA (x, y) takes rows x, x + gridDim.x, ...,
+// and thread i the 16-byte output vector (4 pairs) y * blockDim.x + i of each. A thread loads its four
+// pairs' gate/up values first (interleaved: 8 contiguous bytes per pair; concatenated: 4 + 4), so it has
+// 32 bytes in flight. (One pair per thread and step, with 2-byte loads and a 64-bit
 // index division, ran at ~20% of the HBM bandwidth: 266 us of a 4096-token pass of gpt-oss-120b, in
 // Nsight Compute.) row_len and inter are multiples of 8 (the validator), so vectors and pairs are whole and
 // aligned.
