@@ -1,6 +1,8 @@
 // prefill.h: the Hopper prefill GEMM's host side (kernels/prefill_gemm_sm90.cuh): its part of the launch
 // plan and its launch. gemm() runs it when the chosen config is a kWgmma entry of the config table.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "configs.h"

@@ -2,12 +2,14 @@
 // lookups by device, shape and m bucket (decode and prefill entries, m beyond 64), the analytic fallback,
 // every malformed-table rule with its line number, and the analytic default itself (decode below the
 // prefill threshold, prefill from it on Hopper, decode for every m on Ampere).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "configs.h"
+#include "prefill.h"
 #include "fp4kit/tuning.h"
 #include "testing.h"
 
@@ -270,4 +272,26 @@ TEST(prefill_schedule_rule) {
   CHECK(!config_supported(k8, 8));
   CHECK(!config_supported(*find_config(id_of("m64_bulk_w8_s2_b1")), 8));
   CHECK(config_supported(*find_config(id_of("m64_r2_w8_b1_c4x2")), 8));
+}
+
+// The element-wise kernels' grid (the MoE's gather, activation and combine; the dense lane-order pass):
+// y covers a row's 16-byte vectors with one per thread, x strides over rows, at most 16 CTAs per SM in all
+// (more only where one row needs more), at least one CTA, never more x than rows.
+TEST(row_vector_grid_rule) {
+  using fp4kit::detail::row_vector_grid;
+  dim3 g = row_vector_grid(16384, 368, 132, 128);  // gpt-oss activation, a pass of 4096 tokens x 4
+  CHECK_EQ(g.y, 3u);
+  CHECK_EQ(g.x, 704u);
+  g = row_vector_grid(4, 360, 132, 128);  // a decode step (T = 1, top-4): every vector of 4 rows its own thread
+  CHECK_EQ(g.x, 4u);
+  CHECK_EQ(g.y, 3u);
+  for (int sms : {1, 8, 132})
+    for (int64_t rows : {0, 1, 7, 4096, 1 << 20})
+      for (int64_t vecs : {1, 8, 127, 128, 129, 368, 1792, 40000}) {
+        g = row_vector_grid(rows, vecs, sms, 128);
+        CHECK(int64_t(g.y) * 128 >= vecs && (int64_t(g.y) - 1) * 128 < vecs);
+        CHECK(g.x >= 1u && int64_t(g.x) <= std::max<int64_t>(rows, 1));
+        CHECK(int64_t(g.x) * g.y <= std::max<int64_t>(int64_t(sms) * 16, g.y));
+        CHECK_EQ(g.z, 1u);
+      }
 }
