@@ -22,7 +22,8 @@
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
-//   next expert's X rows: those columns are computed and never written.
+//   next expert's X rows: those columns are computed and never written. A tile of at most BN / 4 (BN / 2)
+//   valid tokens runs m64n(BN/4) (m64n(BN/2)) wgmmas on its accumulators' prefix (the main loop).
 //   X is read in lane order: rows k_pad long, 2-element pairs permuted inside each 64-K chunk (NVFP4) or
 //   128-K block (MXFP4) as layout::natural_pair says, pairs past K zero. The dense GEMM permutes X into
 //   the workspace first (kernels/lane_order.cuh); the MoE's gather and activation kernels write it so.
