@@ -52,7 +52,6 @@ namespace fp4kit {
 namespace {
 
 constexpr int kAlignThreads = 1024;
-constexpr int kEwThreads = 128;  // element-wise kernels' CTAs: one 16-byte vector of a row per thread
 
 using kernels::GroupedSchedule;
 using detail::check_shape;
@@ -733,10 +732,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     p.k_steps = int((w.k + 31) / 32);
     detail::launch_kernel(bp.fn, dim3(bp.grid), dim3(kernels::kBf16Warps * 32), 0, stream, plan.pdl, p);
   };
-  // Element-wise kernels (gather, activation, combine): detail::row_vector_grid, one 16-byte vector per
-  // thread of kEwThreads.
+  // Element-wise kernels (gather, activation, combine): one 16-byte vector of a row per thread.
+  using detail::kRowVectorThreads;
   auto ew_grid = [&](int64_t max_rows, int64_t row_len) {
-    return detail::row_vector_grid(max_rows, row_len / 8, plan.sms, kEwThreads);
+    return detail::row_vector_grid(max_rows, row_len / 8, plan.sms);
   };
   const bool f16 = a.act == DType::kF16;
   const int64_t eb = dtype_bytes(a.act);
@@ -745,11 +744,11 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int inter = int(a.inter), len = int(plan.a_len);
     const dim3 grid = ew_grid(pairs, len);
     if (f16)
-      detail::launch_kernel(&moe_activation_kernel<__half>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_activation_kernel<__half>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, len, plan.tc,
                             a.down.format, a.activation, a.layout, a.alpha, a.limit);
     else
-      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
                             len, plan.tc, a.down.format, a.activation, a.layout, a.alpha, a.limit);
   };
@@ -759,10 +758,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int hidden = int(a.hidden);
     const dim3 grid = ew_grid(tokens, hidden);
     if (f16)
-      detail::launch_kernel(&moe_combine_kernel<__half>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_combine_kernel<__half>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __half*>(o), rop, w, tokens, a.top_k, hidden, static_cast<__half*>(y));
     else
-      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, grid, dim3(kEwThreads), 0, stream, plan.pdl,
+      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(o), rop, w, tokens, a.top_k, hidden,
                             static_cast<__nv_bfloat16*>(y));
   };

@@ -255,17 +255,16 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   return Status::Ok();
 }
 
-dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms, int threads) {
-  const int64_t y = std::max<int64_t>(1, (row_vecs + threads - 1) / threads);
+dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms) {
+  const int64_t y = std::max<int64_t>(1, (row_vecs + kRowVectorThreads - 1) / kRowVectorThreads);
   const int64_t x = std::max<int64_t>(1, std::min<int64_t>(max_rows, std::max<int64_t>(1, int64_t(std::max(sms, 1)) * 16 / y)));
   return dim3(unsigned(x), unsigned(y));
 }
 
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int64_t max_rows, int sms, cudaStream_t stream, bool pdl) {
-  constexpr int kThreads = 128;
-  return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(max_rows, k_pad / 8, sms, kThreads), dim3(kThreads), 0,
-                       stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
+  return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(max_rows, k_pad / 8, sms), dim3(kRowVectorThreads),
+                       0, stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
                        static_cast<uint4*>(dst));
 }
 

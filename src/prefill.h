@@ -52,14 +52,16 @@ struct GroupedPrefillArgs {
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 
-// The grid of a kernel over rows of row_vecs 16-byte vectors, one vector per thread of `threads` (the MoE's
-// element-wise kernels, lane order): y covers a row's vectors, x strides over at most max_rows rows, up
-// to 16 CTAs per SM in all (2048 threads of 128). Few rows (a decode step's) still get a thread per vector.
-dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms, int threads);
+// The launch of a kernel over rows of row_vecs 16-byte vectors, one vector per thread of kRowVectorThreads
+// (lane order, the MoE's element-wise kernels): grid y covers a row's vectors, x strides over at most
+// max_rows rows, up to 16 CTAs per SM in all (2048 threads). Few rows (a decode step's) still get a
+// thread per vector.
+constexpr int kRowVectorThreads = 128;
+dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 
 // Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
 // r < rows, or < *n_rows when n_rows is given (read on the device), permuted and k_pad long; max_rows
-// bounds the rows for the grid (row_vector_grid, 128 threads); pdl: launched with programmatic dependent
+// bounds the rows for the grid (row_vector_grid); pdl: launched with programmatic dependent
 // launch.
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int64_t max_rows, int sms, cudaStream_t stream, bool pdl);

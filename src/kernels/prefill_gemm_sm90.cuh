@@ -486,11 +486,11 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   else rec.zero();
 
   // The main loop, its wgmmas NW tokens wide. Grouped mode: an expert's last tile often holds far fewer
-  // rows than BN (gpt-oss-120b at 4096 tokens per pass: 128 +- 11 rows per expert in 128-token tiles, so
-  // half the experts take a second tile of ~10 rows), so a tile of at most BN / 4 or BN / 2 valid tokens
-  // runs m64n(BN/4) or m64n(BN/2) on the accumulator's prefix: a quarter or half of the tensor-core work
-  // (its columns past NW stay zero and are never written). The width is uniform per CTA; each width is
-  // its own copy of the loop, so every wgmma group keeps one shape.
+  // rows than BN (gpt-oss-120b, 8192 tokens per pass: 256 +- 16 rows per expert in 256-token tiles, so
+  // about half the experts take a second tile of a few rows), so a tile of at most BN / 4 or BN / 2 valid
+  // tokens runs m64n(BN/4) or m64n(BN/2) on the accumulator's prefix: a quarter or half of the tensor-core
+  // work (its columns past NW stay zero and are never written). The width is uniform per CTA; each width
+  // is its own copy of the loop, so every wgmma group keeps one shape.
   auto main_loop = [&](auto width) {
     constexpr int NW = decltype(width)::value;
     // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     for (int j = j_begin; j < j_end; ++j) {
       sc.decode(rec.v);
       if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
-      #pragma unroll
+#pragma unroll
       for (int q = 0; q < kStagesPerSlice; ++q) {
         const int s = j * kStagesPerSlice + q;
         if (s >= n_stages) break;  // uniform: only the last slice may be short
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
         const uint32_t st = ring + slot * G::kStage;
         const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
         const uint64_t desc0 = sw128_desc(st);
-        #pragma unroll
+#pragma unroll
         for (int i = 0; i < kStageChunks; ++i) {
           // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
           // through the scale (garbage codes dequantise to finite values; the X half is TMA zero-fill). The
@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
           fence_frag(a);  // the fragments are complete before the fence (else ptxas injects its own)
           fence_acc(acc);
           wgmma_fence();  // A registers and accumulators were written by this thread
-          #pragma unroll
+#pragma unroll
           for (int ks = 0; ks < 4; ++ks) {
             // In lane order chunk i of the stage is X half i, and step ks its 16 K at 16 ks (32 bytes).
             const uint32_t off = i * G::kXHalf + ks * 32;

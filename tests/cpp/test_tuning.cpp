@@ -278,18 +278,20 @@ TEST(prefill_schedule_rule) {
 // y covers a row's 16-byte vectors with one per thread, x strides over rows, at most 16 CTAs per SM in all
 // (more only where one row needs more), at least one CTA, never more x than rows.
 TEST(row_vector_grid_rule) {
+  using fp4kit::detail::kRowVectorThreads;
   using fp4kit::detail::row_vector_grid;
-  dim3 g = row_vector_grid(16384, 368, 132, 128);  // gpt-oss activation, a pass of 4096 tokens x 4
+  CHECK_EQ(kRowVectorThreads, 128);
+  dim3 g = row_vector_grid(16384, 368, 132);  // gpt-oss activation, a pass of 4096 tokens x 4
   CHECK_EQ(g.y, 3u);
   CHECK_EQ(g.x, 704u);
-  g = row_vector_grid(4, 360, 132, 128);  // a decode step (T = 1, top-4): every vector of 4 rows its own thread
+  g = row_vector_grid(4, 360, 132);  // a decode step (T = 1, top-4): every vector of 4 rows its own thread
   CHECK_EQ(g.x, 4u);
   CHECK_EQ(g.y, 3u);
   for (int sms : {1, 8, 132})
     for (int64_t rows : {0, 1, 7, 4096, 1 << 20})
       for (int64_t vecs : {1, 8, 127, 128, 129, 368, 1792, 40000}) {
-        g = row_vector_grid(rows, vecs, sms, 128);
-        CHECK(int64_t(g.y) * 128 >= vecs && (int64_t(g.y) - 1) * 128 < vecs);
+        g = row_vector_grid(rows, vecs, sms);
+        CHECK(int64_t(g.y) * kRowVectorThreads >= vecs && (int64_t(g.y) - 1) * kRowVectorThreads < vecs);
         CHECK(g.x >= 1u && int64_t(g.x) <= std::max<int64_t>(rows, 1));
         CHECK(int64_t(g.x) * g.y <= std::max<int64_t>(int64_t(sms) * 16, g.y));
         CHECK_EQ(g.z, 1u);
