@@ -498,6 +498,17 @@ TEST(moe_fp16_saturates_out_of_range_gate_up) {
     }
 }
 
+// top_k past the align kernel's token-per-thread form (kAlignMaxSlots = 8): its pair-per-thread loop, with
+// a repeated and an out-of-range id.
+TEST(moe_top_k_past_eight) {
+  Case c;
+  c.T = 37;
+  c.top_k = 10;
+  c.E = 16;
+  c.bad = {{10 * 3 + 4, 16}, {10 * 7 + 9, -1}};
+  check_case(c);
+}
+
 TEST(moe_fp16_gpt_oss_shape) {  // FP16 activations, both formats
   for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
     Case c = gpt_oss_case();
