@@ -117,6 +117,24 @@ __device__ __forceinline__ void check_token(int experts, TokenSlots& s) {
   }
 }
 
+// f(tok, slots) for each of this thread's tokens, two per step: both tokens' slot ids are loaded before
+// either is checked (TokenSlots).
+template <typename F>
+__device__ __forceinline__ void for_each_token(const int32_t* ids, int tokens, int top_k, int experts, F&& f) {
+  for (int t0 = threadIdx.x; t0 < tokens; t0 += 2 * blockDim.x) {
+    TokenSlots s[2];
+    load_token(ids, t0, tokens, top_k, s[0]);
+    load_token(ids, t0 + blockDim.x, tokens, top_k, s[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tok = t0 + h * blockDim.x;
+      if (tok >= tokens) break;
+      check_token(experts, s[h]);
+      f(tok, s[h]);
+    }
+  }
+}
+
 // Per expert e (rows c = its routed pairs): its first sorted row (exclusive sum of c), first token tile
 // (of ceil(c / tile_bn)) and first schedule entry (of ceil(c / block_rows), or one for any c > 0 when
 // block_rows is 0), for the experts of one chunk of blockDim, on top of the previous chunks' totals
@@ -172,18 +190,11 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   const bool by_token = top_k <= kAlignMaxSlots;  // pairs = tokens * top_k
   const int tokens = pairs / top_k;
   if (by_token) {
-    for (int t0 = threadIdx.x; t0 < tokens; t0 += 2 * blockDim.x) {
-      TokenSlots s[2];
-      load_token(ids, t0, tokens, top_k, s[0]);
-      load_token(ids, t0 + blockDim.x, tokens, top_k, s[1]);
+    for_each_token(ids, tokens, top_k, experts, [&](int, const TokenSlots& s) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        check_token(experts, s[h]);
-#pragma unroll
-        for (int j = 0; j < kAlignMaxSlots; ++j)
-          if (s[h].ok[j]) atomicAdd(&s_count[s[h].id[j]], 1);
-      }
-    }
+      for (int j = 0; j < kAlignMaxSlots; ++j)
+        if (s.ok[j]) atomicAdd(&s_count[s.id[j]], 1);
+    });
   } else {
     for (int i = threadIdx.x; i < pairs; i += blockDim.x)
       if (routed(ids, i, top_k, experts)) atomicAdd(&s_count[ids[i]], 1);
@@ -216,27 +227,18 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   __syncthreads();
   // Rows in arrival order within an expert (atomics): no value depends on it.
   if (by_token) {
-    for (int t0 = threadIdx.x; t0 < tokens; t0 += 2 * blockDim.x) {
-      TokenSlots s[2];
-      load_token(ids, t0, tokens, top_k, s[0]);
-      load_token(ids, t0 + blockDim.x, tokens, top_k, s[1]);
+    for_each_token(ids, tokens, top_k, experts, [&](int tok, const TokenSlots& s) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int tok = t0 + h * blockDim.x;
-        if (tok >= tokens) break;
-        check_token(experts, s[h]);
-#pragma unroll
-        for (int j = 0; j < kAlignMaxSlots; ++j) {
-          if (j >= top_k) break;
-          int row = -1;
-          if (s[h].ok[j]) {
-            row = atomicAdd(&s_count[s[h].id[j]], 1);
-            b.token_of_row[row] = tok;
-          }
-          b.row_of_pair[int64_t(tok) * top_k + j] = row;
+      for (int j = 0; j < kAlignMaxSlots; ++j) {
+        if (j >= top_k) break;
+        int row = -1;
+        if (s.ok[j]) {
+          row = atomicAdd(&s_count[s.id[j]], 1);
+          b.token_of_row[row] = tok;
         }
+        b.row_of_pair[int64_t(tok) * top_k + j] = row;
       }
-    }
+    });
   } else {
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
       int row = -1;
