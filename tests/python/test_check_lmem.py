@@ -42,27 +42,28 @@ def run(tmp_path, *args, **facts):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
 
 
+def check(tmp_path, budget_lines, log_text=LOG, **facts):
+    """The checker on log_text against a budget of HEADER + budget_lines."""
+    log = write(tmp_path / "build.log", log_text)
+    budget = write(tmp_path / "budget.txt", HEADER + budget_lines)
+    return run(tmp_path, log, "--budget", budget, **facts)
+
+
 def test_within_budget_passes(tmp_path):
-    log = write(tmp_path / "build.log", LOG)
-    budget = write(tmp_path / "budget.txt", HEADER + "# comment\n72 108 _Z4kernA\n16 0 _Z4kernB\n")
-    r = run(tmp_path, log, "--budget", budget)
+    r = check(tmp_path, "# comment\n72 108 _Z4kernA\n16 0 _Z4kernB\n")
     assert r.returncode == 0, r.stdout
     assert "2 kernels use local memory" in r.stdout
 
 
 def test_largest_over_architectures_is_checked(tmp_path):
     # kernA's second (sm_80-like) report is the larger: a budget of the first one's figures fails.
-    log = write(tmp_path / "build.log", LOG)
-    budget = write(tmp_path / "budget.txt", HEADER + "8 4 _Z4kernA\n16 0 _Z4kernB\n")
-    r = run(tmp_path, log, "--budget", budget)
+    r = check(tmp_path, "8 4 _Z4kernA\n16 0 _Z4kernB\n")
     assert r.returncode == 1
     assert "72 B stack frame, 108 B spill stores: budget 8 B stack, 4 B spill stores" in r.stdout
 
 
 def test_unlisted_kernel_fails(tmp_path):
-    log = write(tmp_path / "build.log", LOG)
-    budget = write(tmp_path / "budget.txt", HEADER + "72 108 _Z4kernA\n")
-    r = run(tmp_path, log, "--budget", budget)
+    r = check(tmp_path, "72 108 _Z4kernA\n")
     assert r.returncode == 1
     assert "not in the budget (it used none)" in r.stdout
     assert "1 kernel(s) over" in r.stdout
@@ -80,9 +81,7 @@ def test_write_round_trips(tmp_path):
 
 
 def test_malformed_budget_names_the_line(tmp_path):
-    log = write(tmp_path / "build.log", LOG)
-    budget = write(tmp_path / "budget.txt", HEADER + "72 _Z4kernA\n")
-    r = run(tmp_path, log, "--budget", budget)
+    r = check(tmp_path, "72 _Z4kernA\n")
     assert r.returncode != 0
     assert "budget.txt:2: expected '<stack bytes> <spill store bytes> <mangled name>'" in r.stderr
 
@@ -95,21 +94,18 @@ def test_no_cuda_compilation_is_not_checked(tmp_path):
 
 
 def test_other_toolkit_or_architecture_is_not_checked(tmp_path):
-    log = write(tmp_path / "build.log", LOG)
-    budget = write(tmp_path / "budget.txt", HEADER + "8 4 _Z4kernA\n")  # over budget if it were checked
+    over = "8 4 _Z4kernA\n"  # over budget if it were checked
     for facts in ({"release": "12.8"}, {"archs": "86"}, {"archs": "90a;100a"}):
-        r = run(tmp_path, log, "--budget", budget, **facts)
+        r = check(tmp_path, over, **facts)
         assert r.returncode == 0, facts
         assert "not checked" in r.stdout
-    r = run(tmp_path, log, "--budget", budget, archs="90a")  # a subset of the budget's: checked
-    assert r.returncode == 1
+    assert check(tmp_path, over, archs="90a").returncode == 1  # a subset of the budget's: checked
 
 
 def test_anonymous_namespace_hash_is_ignored(tmp_path):
-    log = write(tmp_path / "build.log", "[1/1] Building CUDA object x.o\nptxas warning : Local memory used for function "
-                "'_ZN6fp4kit38_GLOBAL__N__9fba6e9b_6_moe_cu_4cc7a6da5alignEv', size of stack frame: 8 bytes\n")
-    budget = write(tmp_path / "budget.txt", HEADER + "8 0 _ZN6fp4kit38_GLOBAL__N__082fcb05_6_moe_cu_4cc7a6da5alignEv\n")
-    assert run(tmp_path, log, "--budget", budget).returncode == 0
+    log = ("[1/1] Building CUDA object x.o\nptxas warning : Local memory used for function "
+           "'_ZN6fp4kit38_GLOBAL__N__9fba6e9b_6_moe_cu_4cc7a6da5alignEv', size of stack frame: 8 bytes\n")
+    assert check(tmp_path, "8 0 _ZN6fp4kit38_GLOBAL__N__082fcb05_6_moe_cu_4cc7a6da5alignEv\n", log).returncode == 0
 
 
 def test_repository_budget_parses():
