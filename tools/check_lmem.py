@@ -31,7 +31,10 @@ SPILL = re.compile(r"Registers are spilled to local memory in function '([^']+)'
 LMEM = re.compile(r"Local memory used for function '([^']+)', size of stack frame: (\d+) bytes")
 
 
-ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_")  # anonymous namespaces: the hash changes with the source's path
+# Anonymous namespaces: nvcc names them _GLOBAL__N__<8 hex digits>_<length><file>_<hash>; the first hash
+# changes with the source's path. Exactly 8 digits, so that a name written without it (the budget's) is
+# left as it is.
+ANON = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_")
 
 
 def kernel_name(mangled):

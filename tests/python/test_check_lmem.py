@@ -106,6 +106,9 @@ def test_anonymous_namespace_hash_is_ignored(tmp_path):
     log = ("[1/1] Building CUDA object x.o\nptxas warning : Local memory used for function "
            "'_ZN6fp4kit38_GLOBAL__N__9fba6e9b_6_moe_cu_4cc7a6da5alignEv', size of stack frame: 8 bytes\n")
     assert check(tmp_path, "8 0 _ZN6fp4kit38_GLOBAL__N__082fcb05_6_moe_cu_4cc7a6da5alignEv\n", log).returncode == 0
+    # As --write leaves it (the hash dropped; "6_" after it must not be taken for another hash).
+    assert check(tmp_path, "8 0 _ZN6fp4kit38_GLOBAL__N__6_moe_cu_4cc7a6da5alignEv\n", log).returncode == 0
+    assert check(tmp_path, "0 0 _ZN6fp4kit38_GLOBAL__N__6_moe_cu_4cc7a6da5alignEv\n", log).returncode == 1
 
 
 def test_repository_budget_parses():
