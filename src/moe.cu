@@ -275,10 +275,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 bits_to<__nv_bfloat16>(uint
 template <> __device__ __forceinline__ __half bits_to<__half>(uint16_t b) { return __ushort_as_half(b); }
 __device__ __forceinline__ uint16_t raw_bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 __device__ __forceinline__ uint16_t raw_bits(__half v) { return __half_as_ushort(v); }
-// Two elements as floats without saturation (the combine reads o as it is).
+// Two elements as floats and back without saturation (the combine reads o and writes y as they are).
 template <typename T> __device__ __forceinline__ float2 load2_raw(uint32_t bits) {
   return make_float2(kernels::Act<T>::to_float(bits_to<T>(uint16_t(bits))),
                      kernels::Act<T>::to_float(bits_to<T>(uint16_t(bits >> 16))));
+}
+template <typename T> __device__ __forceinline__ uint32_t store2_raw(float lo, float hi) {
+  return uint32_t(raw_bits(kernels::Act<T>::from_float(lo))) | uint32_t(raw_bits(kernels::Act<T>::from_float(hi))) << 16;
 }
 
 
@@ -395,8 +398,7 @@ __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const flo
     }
     uint32_t out[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) out[e] = uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e]))) |
-                                         uint32_t(raw_bits(kernels::Act<T>::from_float(acc[2 * e + 1]))) << 16;
+    for (int e = 0; e < 4; ++e) out[e] = store2_raw<T>(acc[2 * e], acc[2 * e + 1]);
     reinterpret_cast<uint4*>(y + int64_t(t) * hidden)[v] = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
@@ -864,7 +866,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     if (plan.tc) {
       // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until
       // then).
-      detail::launch_lane_order(x, b.token_of_row, b.offset + E, 0, a.gate_up.format, a.hidden, plan.x_len, o, pairs,
+      detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
                                 plan.sms, stream, plan.pdl);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
       launch_activation(pairs);

@@ -233,7 +233,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
     // X of this pass into lane order (the kernel's K order, kernels/lane_order.cuh) in the workspace.
     void* xl = ws + plan.lane_x_offset;
-    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, m, plan.lane_x_sms, stream, false);
+    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, plan.lane_x_sms, stream, false);
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
@@ -262,8 +262,8 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms) {
 }
 
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int64_t max_rows, int sms, cudaStream_t stream, bool pdl) {
-  return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(max_rows, k_pad / 8, sms), dim3(kRowVectorThreads),
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl) {
+  return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(rows, k_pad / 8, sms), dim3(kRowVectorThreads),
                        0, stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
                        static_cast<uint4*>(dst));
 }

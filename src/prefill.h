@@ -60,11 +60,10 @@ constexpr int kRowVectorThreads = 128;
 dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 
 // Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
-// r < rows, or < *n_rows when n_rows is given (read on the device), permuted and k_pad long; max_rows
-// bounds the rows for the grid (row_vector_grid); pdl: launched with programmatic dependent
-// launch.
+// r < rows, or < *n_rows when n_rows is given (read on the device; rows then bounds it), permuted and
+// k_pad long; the grid is row_vector_grid(rows, ...); pdl: launched with programmatic dependent launch.
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int64_t max_rows, int sms, cudaStream_t stream, bool pdl);
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl);
 
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.
