@@ -635,15 +635,19 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   units = p.units;
   if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
   G = min(int64_t(gridDim.x), units);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kGrouped) {
     // Few units per CTA (the MoE's one-token passes: 1-6 K slices each): stream-K's cut gives some CTAs
     // one unit more than the rest (2 or 3 at 2.6 per CTA), and the last of them sets the call's time.
     // Give every CTA ceil(units / G) and leave the spare CTAs out (docs/moe-notes.md: gpt-oss-120b T = 1
-    // 8-10% faster; at 10 units per CTA, DeepSeek-V3 and Mixtral lose 3-4% with 9% fewer CTAs).
+    // 8-10% faster; at 10 units per CTA, DeepSeek-V3 and Mixtral lose 3-4% with 9% fewer CTAs). Measured
+    // on Hopper only; the sm_80 build, whose m = 1 entry already spills, keeps the plain cut (the rule
+    // cost it 24-36 more bytes of spills).
     constexpr int64_t kBalancedMaxUnits = 6;
     const int64_t u = (units + G - 1) / G;
     if (u <= kBalancedMaxUnits) G = (units + u - 1) / u;
   }
+#endif
   const int64_t b = blockIdx.x;
   if (b >= G) return false;
   u_begin = b * units / G;
