@@ -151,23 +151,32 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
     p.partials_bytes = size_t(p.grid) * 2 * partial_slot_bytes(*cfg);
   }
   p.workspace_bytes = p.counters_bytes + p.partials_bytes;
-  p.pdl = pdl_enabled(facts.major);
+  p.pdl = pdl_enabled(facts.major, false);  // dense GEMM: opt-in (no measured gain)
   *plan = p;
   return Status::Ok();
 }
 
-bool pdl_enabled(int cc_major) {
-  static const bool env = [] {
+// FP4KIT_PDL: "1" on, "0" off, anything else (or unset) the caller's default. Read once.
+static int pdl_env() {
+  static const int env = [] {
     const char* v = std::getenv("FP4KIT_PDL");
-    return v != nullptr && std::string(v) == "1";
+    if (v == nullptr) return -1;
+    if (std::string(v) == "1") return 1;
+    if (std::string(v) == "0") return 0;
+    return -1;
   }();
-  return env && cc_major == 9;
+  return env;
 }
 
-bool pdl_enabled_here() {
+bool pdl_enabled(int cc_major, bool by_default) {
+  const int env = pdl_env();
+  return cc_major == 9 && (env == 1 || (env == -1 && by_default));
+}
+
+bool pdl_enabled_here(bool by_default) {
   int dev = 0;
   DeviceFacts facts;
-  return device_facts(&dev, &facts).ok() && pdl_enabled(facts.major);
+  return device_facts(&dev, &facts).ok() && pdl_enabled(facts.major, by_default);
 }
 
 }  // namespace detail

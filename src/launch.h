@@ -2,9 +2,9 @@
 //
 // With PDL a kernel may be scheduled while the previous kernel of the stream drains: its CTAs become
 // resident as the previous one's leave, request their weights (which no kernel writes) and wait
-// (griddepcontrol.wait, decode_gemm.cuh) only before touching X, the workspace or Y. It is opt-in:
-// FP4KIT_PDL=1 in the environment, on compute capability 9.x. Kernels launched without it are unaffected
-// (their wait returns at once); a non-PDL kernel after a PDL one waits for it as usual.
+// (griddepcontrol.wait, decode_gemm.cuh) only before touching X, the workspace or Y. Compute capability
+// 9.x only; pdl_enabled below says when. Kernels launched without it are unaffected (their wait returns
+// at once); a non-PDL kernel after a PDL one waits for it as usual.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,10 +13,12 @@
 namespace fp4kit {
 namespace detail {
 
-// FP4KIT_PDL=1 (read once) and a device of compute capability 9.x; the second form asks about the current
-// device (cached per device; false where it cannot be queried).
-bool pdl_enabled(int cc_major);
-bool pdl_enabled_here();
+// Whether launches use PDL: a device of compute capability 9.x, and FP4KIT_PDL=1, or FP4KIT_PDL unset
+// (or neither 0 nor 1) where the caller's default is on; FP4KIT_PDL=0 turns it off everywhere. The
+// defaults: on for the fused MoE with FP4 experts, off for the dense GEMM and BF16 experts (README). The
+// second form asks about the current device (false where it cannot be queried).
+bool pdl_enabled(int cc_major, bool by_default);
+bool pdl_enabled_here(bool by_default);
 
 // A failed launch is also the thread's last CUDA error: callers check cudaGetLastError() once after their
 // launches.
