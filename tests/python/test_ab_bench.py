@@ -64,18 +64,13 @@ def test_two_builds_without_environment(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_missing_base_build_without_environment_is_an_error(tmp_path):
+@pytest.mark.parametrize("args, message", [
+    (("moe", "--model", "m"), "base/fp4kit-bench-moe is missing"),  # no base build and no environment
+    (("--head-env", "NOEQUALS", "moe"), "--head-env takes NAME=VALUE"),
+])
+def test_bad_runs_say_why(tmp_path, args, message):
     ab = tmp_path / "ab"
     _side(ab, "head", "bbb1111")
-    r = _run(tmp_path, ab, "moe", "--model", "m")
+    r = _run(tmp_path, ab, *args)
     assert r.returncode == 2
-    assert "base/fp4kit-bench-moe is missing" in r.stdout
-
-
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_env_option_needs_name_and_value(tmp_path):
-    ab = tmp_path / "ab"
-    _side(ab, "head", "bbb1111")
-    r = _run(tmp_path, ab, "--head-env", "NOEQUALS", "moe")
-    assert r.returncode == 2
-    assert "--head-env takes NAME=VALUE" in r.stdout
+    assert message in r.stdout
