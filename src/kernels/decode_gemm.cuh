@@ -40,6 +40,7 @@
 #include "fp4kit/formats.h"
 #include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
+#include "kernels/stream_k.h"
 
 namespace fp4kit {
 namespace kernels {
@@ -536,8 +537,8 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   constexpr int kCompactBatch = 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t lo_u = int64_t(rg) * p.k_macros, hi_u = lo_u + p.k_macros - 1;
-  const int64_t b_lo = ((lo_u + 1) * G - 1) / units;  // owner of a unit: last b with start(b) <= u
-  const int64_t b_hi = ((hi_u + 1) * G - 1) / units;
+  const int64_t b_lo = stream_k_owner(lo_u, units, G);
+  const int64_t b_hi = stream_k_owner(hi_u, units, G);
   const int n_parts = int(b_hi - b_lo + 1);
   // Compact when its read passes (one per WARPS * 32 outputs, each with up to kCompactBatch partials in
   // flight) are no more than the fragment layout's (up to kBatch partials each). Every CTA of the row group
@@ -572,7 +573,7 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
   if (!*s_last) return;
   // CTA c parks its partial of this row group in its slot 0 if its range starts here (every c > b_lo),
   // b_lo in slot 1 if it started in an earlier row group. CTA c0 + i's slot 0 is i * 2 * kSlot floats on.
-  const int lo_slot = (b_lo * units / G) < lo_u ? 1 : 0;
+  const int lo_slot = stream_k_start(b_lo, units, G) < lo_u ? 1 : 0;
   auto slot_of = [&](int64_t c0, int i) { return i == 0 && c0 == b_lo ? lo_slot * kSlot : i * 2 * kSlot; };
   if (compact) {
     const int lrg = rt[0] / RW / WARPS;
@@ -644,14 +645,13 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
     // on Hopper only; the sm_80 build, whose m = 1 entry already spills, keeps the plain cut (the rule
     // cost it 24-36 more bytes of spills).
     constexpr int64_t kBalancedMaxUnits = 6;
-    const int64_t u = (units + G - 1) / G;
-    if (u <= kBalancedMaxUnits) G = (units + u - 1) / u;
+    G = balanced_ctas(units, G, kBalancedMaxUnits);
   }
 #endif
   const int64_t b = blockIdx.x;
   if (b >= G) return false;
-  u_begin = b * units / G;
-  u_end = (b + 1) * units / G;
+  u_begin = stream_k_start(b, units, G);
+  u_end = stream_k_start(b + 1, units, G);
   return true;
 }
 
