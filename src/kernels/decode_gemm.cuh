@@ -644,7 +644,6 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
     // 8-10% faster; at 10 units per CTA, DeepSeek-V3 and Mixtral lose 3-4% with 9% fewer CTAs). Measured
     // on Hopper only; the sm_80 build, whose m = 1 entry already spills, keeps the plain cut (the rule
     // cost it 24-36 more bytes of spills).
-    constexpr int64_t kBalancedMaxUnits = 6;
     G = balanced_ctas(units, G, kBalancedMaxUnits);
   }
 #endif

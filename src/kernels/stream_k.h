@@ -24,6 +24,10 @@ FP4KIT_HD int64_t stream_k_start(int64_t b, int64_t units, int64_t G) { return b
 
 FP4KIT_HD int64_t stream_k_owner(int64_t u, int64_t units, int64_t G) { return ((u + 1) * G - 1) / units; }
 
+// The grouped decode GEMMs' max_share (decode_gemm.cuh, cta_range): measured on the MoE passes of one-token
+// tiles, 1-6 units per CTA gained 4-12%, ~10 units lost 3-4% with 9% fewer CTAs (docs/moe-notes.md).
+constexpr int64_t kBalancedMaxUnits = 6;
+
 FP4KIT_HD int64_t balanced_ctas(int64_t units, int64_t G, int64_t max_share) {
   const int64_t u = (units + G - 1) / G;
   if (u <= max_share) G = (units + u - 1) / u;

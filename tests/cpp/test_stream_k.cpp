@@ -9,6 +9,7 @@
 #include "testing.h"
 
 using fp4kit::kernels::balanced_ctas;
+using fp4kit::kernels::kBalancedMaxUnits;
 using fp4kit::kernels::stream_k_owner;
 using fp4kit::kernels::stream_k_start;
 
@@ -56,7 +57,8 @@ TEST(stream_k_owner_of_every_unit) {
 }
 
 TEST(balanced_ctas_equal_shares) {
-  constexpr int64_t kMax = 6;
+  constexpr int64_t kMax = kBalancedMaxUnits;  // the kernel's rule
+  CHECK_EQ(kMax, 6);
   for (int64_t units = 1; units <= 3000; units += (units < 200 ? 1 : 13))
     for (int64_t G : {1, 2, 7, 132, 264, 338, 396}) {
       const int64_t g = std::min(G, units);
