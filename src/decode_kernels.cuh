@@ -29,7 +29,7 @@ DecodeKernelFn decode_kernel_of() {
 // Dynamic shared memory of a config's launch.
 inline int launch_smem_bytes(const KernelConfig& c) {
   return c.pipeline == kBulk ? kernels::bulk_smem_bytes(c.warps, c.row_tiles, c.stages, c.n_tiles)
-                             : kernels::x_stage_bytes_for(c.n_tiles);
+                             : kernels::x_stage_bytes_for(c.n_tiles) + kernels::scale_stage_bytes_for(c.warps, c.row_tiles);
 }
 
 }  // namespace detail

@@ -301,10 +301,20 @@ __device__ __forceinline__ uint32_t dup_hi(uint32_t v) {
 }
 
 template <Format F> struct ScaleRecord;
+// stage(): this lane's record into its own 16-byte slot of shared memory (cp.async, committed with the
+// next X slice); from_smem(): read it back once this thread's copies are complete (cp_async_wait_all).
+// Only the lane that copied a slot reads it, so no barrier orders the two.
 template <> struct ScaleRecord<Format::kNVFP4> {
   uint4 v;
   __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t pol) {
     v = ld_stream(reinterpret_cast<const uint4*>(base) + rec, pol);
+  }
+  __device__ __forceinline__ static void stage(uint32_t slot, const uint8_t* base, int64_t rec, uint64_t) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot), "l"(reinterpret_cast<const uint4*>(base) + rec)
+                 : "memory");
+  }
+  __device__ __forceinline__ void from_smem(uint32_t slot) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(slot) : "memory");
   }
   __device__ __forceinline__ void zero() { v = make_uint4(0, 0, 0, 0); }
 };
@@ -312,6 +322,13 @@ template <> struct ScaleRecord<Format::kMXFP4> {
   uint2 v;
   __device__ __forceinline__ void load(const uint8_t* base, int64_t rec, uint64_t) {
     v = __ldg(reinterpret_cast<const uint2*>(base) + rec);
+  }
+  __device__ __forceinline__ static void stage(uint32_t slot, const uint8_t* base, int64_t rec, uint64_t) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(slot), "l"(reinterpret_cast<const uint2*>(base) + rec)
+                 : "memory");
+  }
+  __device__ __forceinline__ void from_smem(uint32_t slot) {
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(slot) : "memory");
   }
   __device__ __forceinline__ void zero() { v = make_uint2(0, 0); }
 };
@@ -365,11 +382,18 @@ __device__ __forceinline__ void prefetch_stage_l2(const DecodeParams& p, const i
       if (c0 + i < c_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(lane_records(p, rt[r], c0, lane) + i * 32));
 }
 
+// The ring kernel's scale records go through shared memory, one K slice ahead: slots [2][warps][RW][32]
+// of 16 bytes after the two X buffers. Held in registers across a slice instead, they were loop-carried
+// values that ptxas copied right after their load (the warp then waited for the load there: 8% of the
+// stall samples at m = 16) and four more registers per row tile at the kernel's register cap.
+__host__ __device__ constexpr int scale_stage_bytes_for(int warps, int row_tiles) { return 2 * warps * row_tiles * 32 * 16; }
+
 template <Format F, int RW>
-__device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], const DecodeParams& p,
-                                                   const int* rt, int j, int lane, uint64_t pol) {
+__device__ __forceinline__ void stage_scale_records(uint32_t slots, const DecodeParams& p, const int* rt, int j,
+                                                    int lane, uint64_t pol) {
 #pragma unroll
-  for (int r = 0; r < RW; ++r) rec[r].load(p.scales, (load_tile(p, rt[r]) * p.k_macros + j) * 32 + lane, pol);
+  for (int r = 0; r < RW; ++r)
+    ScaleRecord<F>::stage(slots + r * 512, p.scales, (load_tile(p, rt[r]) * p.k_macros + j) * 32 + lane, pol);
 }
 
 // X staging: a CTA's warps all walk the same K slice, so the slice of X (all m tokens x 512 K) is
@@ -664,6 +688,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   extern __shared__ uint4 x_smem_raw[];
   T* x_smem = reinterpret_cast<T*>(x_smem_raw);  // [2][8*NT][kXRowElems]
   constexpr int kXBuf = 8 * NT * kXRowElems;
+  // This lane's scale-record slot (shared-memory address) of row tile 0 in the buffer of slice j; row tile
+  // r's is r * 512 bytes on (scale_stage_bytes_for: [2][WARPS][RW][32] slots of 16 bytes).
+  const uint32_t rec_smem = static_cast<uint32_t>(__cvta_generic_to_shared(x_smem_raw)) + x_stage_bytes_for(NT) +
+                            (warp * RW * 32 + lane) * 16;
+  auto rec_slots = [&](int j) { return rec_smem + (j & 1) * (WARPS * RW * 512); };
 
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
@@ -692,9 +721,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     // records are loaded one slice ahead and decoded when its first stage comes up.
     const int c_begin = j0 * layout::kChunksPerMacro;
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
-    ScaleRecord<F> rec[RW];
     Scales<F, T> sc[RW];
-    load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
+    stage_scale_records<F, RW>(rec_slots(j0), q, rt, j0, lane, pol);  // committed with X's first slice
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
@@ -719,13 +747,16 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           // buffer now receives slice j+1.
           cp_async_wait_all();
           __syncthreads();
-          if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
 #pragma unroll
-          for (int r = 0; r < RW; ++r) sc[r].decode(rec[r].v);
-          // Unconditional (the segment's last slice reloads its own records): a conditional load leaves
-          // the loop-carried records a merge of two values, and ptxas then copies the loaded registers
-          // right after the load, which waits for it there (ncu, m = 16: 8% of the warps' stall samples).
-          load_scale_records<F, RW>(rec, q, rt, min(j + 1, j1 - 1), lane, pol);
+          for (int r = 0; r < RW; ++r) {
+            ScaleRecord<F> rec;
+            rec.from_smem(rec_slots(j) + r * 512);
+            sc[r].decode(rec.v);
+          }
+          if (j + 1 < j1) {
+            stage_scale_records<F, RW>(rec_slots(j + 1), q, rt, j + 1, lane, pol);
+            stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
+          }
         }
         if (decode_ablate(kAblateCompute)) {
           uint32_t h = 0;
