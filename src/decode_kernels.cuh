@@ -26,10 +26,10 @@ DecodeKernelFn decode_kernel_of() {
                                         kGrouped>;
 }
 
-// Dynamic shared memory of a config's launch.
-inline int launch_smem_bytes(const KernelConfig& c) {
-  return c.pipeline == kBulk ? kernels::bulk_smem_bytes(c.warps, c.row_tiles, c.stages, c.n_tiles)
-                             : kernels::x_stage_bytes_for(c.n_tiles) + kernels::scale_stage_bytes_for(c.warps, c.row_tiles);
+// Dynamic shared memory of a config's launch (grouped ring launches keep their scale records in registers).
+inline int launch_smem_bytes(const KernelConfig& c, bool grouped = false) {
+  if (c.pipeline == kBulk) return kernels::bulk_smem_bytes(c.warps, c.row_tiles, c.stages, c.n_tiles);
+  return kernels::x_stage_bytes_for(c.n_tiles) + (grouped ? 0 : kernels::scale_stage_bytes_for(c.warps, c.row_tiles));
 }
 
 }  // namespace detail

@@ -148,6 +148,7 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
   FP4KIT_RETURN_IF_ERROR(
       detail::make_plan(8 * n_tiles, pw, act, kKernelConfigs[grouped_index(n_tiles)].id, &p.dense));
+  p.dense.smem_bytes = detail::launch_smem_bytes(kKernelConfigs[grouped_index(n_tiles)], /*grouped=*/true);
   p.fn = grouped_kernel(w.format, act, n_tiles);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), p.dense.threads,

@@ -382,10 +382,18 @@ __device__ __forceinline__ void prefetch_stage_l2(const DecodeParams& p, const i
       if (c0 + i < c_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(lane_records(p, rt[r], c0, lane) + i * 32));
 }
 
-// The ring kernel's scale records go through shared memory, one K slice ahead: slots [2][warps][RW][32]
-// of 16 bytes after the two X buffers. Held in registers across a slice instead, they were loop-carried
-// values that ptxas copied right after their load (the warp then waited for the load there: 8% of the
-// stall samples at m = 16) and four more registers per row tile at the kernel's register cap.
+// Dense launches of the ring kernel stage their scale records through shared memory, one K slice ahead:
+// slots [2][warps][RW][32] of 16 bytes after the two X buffers (Llama NVFP4 m = 1-2: 4-9% faster on the
+// small layers than records held in registers). Grouped (MoE) launches keep them in registers
+// (load_scale_records): there the shared-memory form read 1-2.5% slower with NVFP4, whose records lose
+// the weights' evict-first L2 hint in a cp.async (cp.async with an L2 cache hint stops the H200 with an
+// illegal instruction under this toolkit, however the policy is made).
+template <Format F, int RW>
+__device__ __forceinline__ void load_scale_records(ScaleRecord<F> (&rec)[RW], const DecodeParams& p,
+                                                   const int* rt, int j, int lane, uint64_t pol) {
+#pragma unroll
+  for (int r = 0; r < RW; ++r) rec[r].load(p.scales, (load_tile(p, rt[r]) * p.k_macros + j) * 32 + lane, pol);
+}
 __host__ __device__ constexpr int scale_stage_bytes_for(int warps, int row_tiles) { return 2 * warps * row_tiles * 32 * 16; }
 
 template <Format F, int RW>
@@ -722,7 +730,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     const int c_begin = j0 * layout::kChunksPerMacro;
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
     Scales<F, T> sc[RW];
-    stage_scale_records<F, RW>(rec_slots(j0), q, rt, j0, lane, pol);  // committed with X's first slice
+    ScaleRecord<F> rec[RW];  // grouped launches: slice j + 1's records, in registers
+    if constexpr (kGrouped)
+      load_scale_records<F, RW>(rec, q, rt, j0, lane, pol);
+    else
+      stage_scale_records<F, RW>(rec_slots(j0), q, rt, j0, lane, pol);  // committed with X's first slice
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
@@ -749,11 +761,16 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
           __syncthreads();
 #pragma unroll
           for (int r = 0; r < RW; ++r) {
-            ScaleRecord<F> rec;
-            rec.from_smem(rec_slots(j) + r * 512);
-            sc[r].decode(rec.v);
+            if constexpr (!kGrouped) rec[r].from_smem(rec_slots(j) + r * 512);
+            sc[r].decode(rec[r].v);
           }
-          if (j + 1 < j1) {
+          if constexpr (kGrouped) {
+            if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
+            // Unconditional (the segment's last slice reloads its own records): a conditional load makes
+            // the loop-carried records a merge of two values, and ptxas then copies the loaded registers
+            // right after the load, which waits for it there (ncu, m = 16: 8% of the stall samples).
+            load_scale_records<F, RW>(rec, q, rt, min(j + 1, j1 - 1), lane, pol);
+          } else if (j + 1 < j1) {
             stage_scale_records<F, RW>(rec_slots(j + 1), q, rt, j + 1, lane, pol);
             stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
           }
