@@ -20,7 +20,9 @@
 //     spec's weights up to a power of two for any scale (subnormal, negative; FP16 with MXFP4 rounds
 //     blocks more than ~2^22 below their row's largest, see README).
 //   - All warps of a CTA walk the same 512-wide K slice of different row tiles, so X (tiny, L2-resident) is
-//     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice).
+//     staged once per slice in shared memory (cp.async, one slice ahead, one barrier per slice). Dense
+//     launches stage each lane's scale record of the next slice there too (grouped ones hold it in
+//     registers: see stage_scale_records).
 //   - Work balance: stream-K over the linear space (row group, K slice): every CTA gets the same number of
 //     slices (+-1), whatever the shape. A row group split between CTAs is finished by the last one to
 //     arrive, which sums the partials in CTA order (deterministic) and runs the epilogue.
@@ -726,7 +728,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     zero_acc(acc);
 
     // Main loop over the chunks of this segment through the register ring (see Stage). A K slice's scale
-    // records are loaded one slice ahead and decoded when its first stage comes up.
+    // records are requested one slice ahead (dense: into shared memory; grouped: into registers) and
+    // decoded when its first stage comes up.
     const int c_begin = j0 * layout::kChunksPerMacro;
     const int c_end = min(j1 * layout::kChunksPerMacro, p.k_chunks);
     Scales<F, T> sc[RW];
