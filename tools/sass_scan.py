@@ -12,8 +12,9 @@ freshly loaded registers into the loop-carried ones at once (`IMAD.MOV.U32 R63, 
 instructions after `LDG.E.128 R52`). The decode kernel lost ~8% of its warps' time at m = 16 to one such
 copy (docs/decode-gemm-notes.md, v16); `--copies-only` lists just that signature.
 
-Reads are looked for in the next `--window` instructions (default 12); a register written again before it
-is read no longer counts. Prints one block per kernel with hits and a last line `sass_scan: H early reads
+Reads are looked for in the next `--window` instructions (default 12), up to an unconditional jump or
+exit (what follows it in the text is another path); a register written again before it is read no
+longer counts. Prints one block per kernel with hits and a last line `sass_scan: H early reads
 (C copies) after L global loads in K kernels`. Exit status 0 (it reports, it does not judge).
 """
 import argparse
@@ -84,7 +85,8 @@ def scan(insts, window):
                 hits.append((i, insts[i], j - i, insts[j], op2.startswith(COPY)))
                 break
             watch -= dest2
-            if not watch:
+            # The text after an unconditional jump or exit belongs to another path.
+            if not watch or (op2.startswith(("BRA", "JMP", "EXIT", "RET")) and not PRED.match(insts[j])):
                 break
     return hits, loads
 

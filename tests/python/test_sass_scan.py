@@ -41,12 +41,22 @@ KERNEL_B = function("_Z7kernelB", [
     "ULEA UR52, UR43, UR41, 0x1",
     "HMUL2.BF16_V2 R50, R53, R43.reuse.H0_H0",
 ])
-SASS = KERNEL_A + KERNEL_B
+# Kernel C: the text after an unconditional branch is another path (its copy is not a read of this
+# load); a predicated branch may fall through, so the read after it counts.
+KERNEL_C = function("_Z7kernelC", [
+    "LDG.E.128 R4, desc[UR6][R20.64]",
+    "BRA 0x11f0",
+    "IMAD.MOV.U32 R3, RZ, RZ, R7",
+    "LDG.E R8, desc[UR6][R22.64]",
+    "@P0 BRA 0x1200",
+    "IMAD.MOV.U32 R9, RZ, RZ, R8",
+])
+SASS = KERNEL_A + KERNEL_B + KERNEL_C
 
 
 def test_parse_reads_functions_and_instructions():
     k = sass_scan.parse(SASS.splitlines(True))
-    assert list(k) == ["_Z7kernelA", "_Z7kernelB"]
+    assert list(k) == ["_Z7kernelA", "_Z7kernelB", "_Z7kernelC"]
     assert k["_Z7kernelA"][0] == "LDG.E.NA.128.CONSTANT R52, desc[UR12][R54.64]"
     assert len(k["_Z7kernelB"]) == 7
 
@@ -81,6 +91,13 @@ def test_overwritten_register_and_uniform_names_do_not_count():
     assert [(h[0], h[2]) for h in hits] == [(4, 2)]
 
 
+def test_unconditional_branch_ends_the_path():
+    k = sass_scan.parse(SASS.splitlines(True))
+    hits, loads = sass_scan.scan(k["_Z7kernelC"], 12)
+    assert loads == 2
+    assert [(h[0], h[2], h[4]) for h in hits] == [(3, 2, True)]
+
+
 def run(*args):
     return subprocess.run([sys.executable, str(TOOL), *args], input=SASS, capture_output=True, text=True)
 
@@ -89,7 +106,7 @@ def test_cli_filters_and_summary():
     r = run("-", "--copies-only")
     assert r.returncode == 0
     assert "_Z7kernelA" in r.stdout and "_Z7kernelB" not in r.stdout and "COPY IMAD.MOV" in r.stdout
-    assert r.stdout.strip().endswith("sass_scan: 1 early reads (1 copies) after 4 global loads in 2 kernels")
+    assert r.stdout.strip().endswith("sass_scan: 2 early reads (2 copies) after 6 global loads in 3 kernels")
     r = run("-", "--kernel", "kernelB")
     assert "_Z7kernelA" not in r.stdout
     assert r.stdout.strip().endswith("sass_scan: 1 early reads (0 copies) after 2 global loads in 1 kernels")
