@@ -767,16 +767,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
             if constexpr (!kGrouped) rec[r].from_smem(rec_slots(j) + r * 512);
             sc[r].decode(rec[r].v);
           }
-          if constexpr (kGrouped) {
-            if (j + 1 < j1) stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
-            // Unconditional (the segment's last slice reloads its own records): a conditional load makes
-            // the loop-carried records a merge of two values, and ptxas then copies the loaded registers
-            // right after the load, which waits for it there (ncu, m = 16: 8% of the stall samples).
-            load_scale_records<F, RW>(rec, q, rt, min(j + 1, j1 - 1), lane, pol);
-          } else if (j + 1 < j1) {
-            stage_scale_records<F, RW>(rec_slots(j + 1), q, rt, j + 1, lane, pol);
+          if (j + 1 < j1) {
+            if constexpr (!kGrouped) stage_scale_records<F, RW>(rec_slots(j + 1), q, rt, j + 1, lane, pol);
             stage_x<T, NT>(x_smem + ((j + 1) & 1) * kXBuf, q, j + 1, threadIdx.x, blockDim.x);
           }
+          // Grouped: unconditional (the segment's last slice reloads its own records): a conditional load
+          // makes the loop-carried records a merge of two values, and ptxas then copies the loaded
+          // registers right after the load, which waits for it there (ncu, m = 16: 8% of the stall samples).
+          if constexpr (kGrouped) load_scale_records<F, RW>(rec, q, rt, min(j + 1, j1 - 1), lane, pol);
         }
         if (decode_ablate(kAblateCompute)) {
           uint32_t h = 0;
