@@ -40,7 +40,7 @@ def regs_of(operand):
 
 
 def split(inst):
-    """(opcode, operands, dest registers, source registers) of one SASS instruction."""
+    """(opcode, dest registers, source registers) of one SASS instruction."""
     body = PRED.sub("", inst)
     op, _, rest = body.partition(" ")
     ops = [o.strip() for o in rest.split(",")] if rest.strip() else []
@@ -52,7 +52,7 @@ def split(inst):
             dest = set(range(int(first.group(1)), int(first.group(1)) + width))
         else:
             srcs |= regs_of(o)
-    return op, ops, dest, srcs
+    return op, dest, srcs
 
 
 def parse(lines):
@@ -74,13 +74,13 @@ def scan(insts, window):
     """[(index, load, distance, reader, is_copy)] for global loads read within `window` instructions."""
     hits, loads = [], 0
     parsed = [split(s) for s in insts]
-    for i, (op, _, dest, _) in enumerate(parsed):
+    for i, (op, dest, _) in enumerate(parsed):
         if not op.startswith("LDG") or not dest:
             continue
         loads += 1
         watch = set(dest)
         for j in range(i + 1, min(len(parsed), i + 1 + window)):
-            op2, _, dest2, srcs2 = parsed[j]
+            op2, dest2, srcs2 = parsed[j]
             if watch & srcs2:
                 hits.append((i, insts[i], j - i, insts[j], op2.startswith(COPY)))
                 break

@@ -62,11 +62,11 @@ def test_parse_reads_functions_and_instructions():
 
 
 def test_split_dest_and_sources():
-    op, _, dest, srcs = sass_scan.split("@!P0 LDG.E.NA.128.CONSTANT R52, desc[UR12][R54.64+0x200]")
+    op, dest, srcs = sass_scan.split("@!P0 LDG.E.NA.128.CONSTANT R52, desc[UR12][R54.64+0x200]")
     assert op == "LDG.E.NA.128.CONSTANT" and dest == {52, 53, 54, 55} and srcs == {54, 55}
-    op, _, dest, srcs = sass_scan.split("STG.E desc[UR4][R2.64], R7")
+    op, dest, srcs = sass_scan.split("STG.E desc[UR4][R2.64], R7")
     assert dest == set() and srcs == {2, 3, 7}
-    _, _, dest, srcs = sass_scan.split("IMAD.MOV.U32 R63, RZ, RZ, UR55")
+    _, dest, srcs = sass_scan.split("IMAD.MOV.U32 R63, RZ, RZ, UR55")
     assert dest == {63} and srcs == set()
 
 
