@@ -4,7 +4,7 @@
 // Contract
 //   fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m 1,2,4,...]
 //                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
-//                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off]
+//                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off] [--ceiling on|off]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
 //   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
 //   L2, so every call streams cold weights), median over N >= 100 replays, per-call time = replay / calls;
@@ -17,7 +17,11 @@
 //   where they split), and --compare (default: on for the *-prefill suites) times the other kernel's
 //   analytic default beside dispatch's pick. Every row is checked: one call at its m on the last weight
 //   copy, its first min(m, 256) tokens against cuBLAS on the dequantized weights (check_rel_l2; BF16 only).
-//   JSON: {device, commit, date, l2_bytes, sms, method, rows: [...]}.
+//   --ceiling on also times, the same way, an empty kernel (the launch floor of a call in these graphs) and
+//   a pure read of each prepacked weight (read_stream_kernel: what streaming those bytes costs with
+//   nothing else to do), and with m = 1 in the list cuBLAS's m = 1 time over that read: the most any
+//   kernel streaming the weights once could gain over cuBLAS there.
+//   JSON: {device, commit, date, l2_bytes, sms, method, [empty_kernel_us, read_ceiling: [...]], rows: [...]}.
 //
 //   fp4kit-tune --out PATH [--suite ...] [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME]
 //   The same binary under the name fp4kit-tune (a link the build makes): --config all over the shapes
@@ -61,6 +65,35 @@ using namespace fp4kit;
   } while (0)
 namespace {
 using namespace fp4bench;
+
+// --ceiling: what streaming the same bytes costs with nothing else to do. One pass over n16 16-byte words
+// with the decode kernel's load (read-only path, no L1 allocation), eight loads in flight per thread, a
+// full SM of threads; the XOR keeps every load live (the store practically never happens).
+__global__ void read_stream_kernel(const uint4* p, size_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  auto ld = [](const uint4* q) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(q));
+    return v;
+  };
+  for (; i + 7 * stride < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = ld(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = ld(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;
+}
+// --ceiling: the per-call cost of a launch that does nothing, in the same graphs.
+__global__ void empty_kernel() {}
 
 struct Shape {
   std::string model, layer;
@@ -152,7 +185,8 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"suite", "llama70b"}, {"m", ""},
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
-                                            {"tune", ""}, {"layer", ""}, {"compare", "auto"}};
+                                            {"tune", ""}, {"layer", ""}, {"compare", "auto"},
+                                            {"ceiling", "off"}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
   // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
@@ -175,12 +209,15 @@ int main(int argc, char** argv) {
                   "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n"
                   "                    [--compare auto|on|off]  (also time the other kernel's default; auto: on\n"
                   "                                    for the *-prefill suites)\n"
+                  "                    [--ceiling on|off]  (also time an empty launch and a pure read of each\n"
+                  "                                    prepacked weight: what streaming its bytes costs)\n"
                   "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
     std::string key = a.rfind("--", 0) == 0 ? a.substr(2) : std::string();
     if (tuner && key == "out") key = "tune";
-    else if (tuner && (key == "tune" || key == "config" || key == "json" || key == "compare")) key.clear();
+    else if (tuner && (key == "tune" || key == "config" || key == "json" || key == "compare" || key == "ceiling"))
+      key.clear();
     if (key.empty() || i + 1 >= argc || !opt.count(key)) {
       std::fprintf(stderr, "%s: unknown or incomplete option '%s' (see --help)\n", me, a.c_str());
       return 2;
@@ -247,8 +284,19 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Lt lt;
   const int64_t m_max = *std::max_element(ms.begin(), ms.end());
-  std::ostringstream rows, tuning;
+  std::ostringstream rows, tuning, ceilings;
   int nrows = 0;
+  // --ceiling on: the launch floor and, per shape and format, a pure read of the prepacked weight (JSON
+  // "empty_kernel_us" and "read_ceiling"; the same method as every row).
+  const bool ceiling = opt["ceiling"] == "on";
+  uint32_t* sink = nullptr;
+  std::vector<std::string> read_rows;
+  if (ceiling) {
+    CK(cudaMalloc(&sink, size_t(sms) * 8 * sizeof(uint32_t)));
+    const Measured e = measure(s, 8, replays, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); });
+    ceilings << "  \"empty_kernel_us\": " << e.us << ",\n";
+    std::printf("empty kernel: %.2f us per call in a graph of %d\n", e.us, e.calls);
+  }
   const std::string date = utc_now();
   // The JSON, rewritten after every (shape, format) with "complete": false, so a run cut short still
   // leaves its rows.
@@ -266,10 +314,10 @@ int main(int argc, char** argv) {
                  "weight copies (> 2x L2), median of %d replays; "
                  "where a graph takes over 2 ms (large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one "
                  "warm-up: each row's replays, graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; "
-                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank)\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"rows\": [\n%s\n  ]\n}\n",
+                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank)\",\n  \"copy_ceiling_tbps\": 4.25,\n%s  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
                  date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", kWarmMs, replays, kBudgetMs,
-                 rows.str().c_str());
+                 ceilings.str().c_str(), rows.str().c_str());
     std::fclose(fjson);
     return true;
   };
@@ -342,6 +390,28 @@ int main(int argc, char** argv) {
         prepack_random(f, n, k, packed, scales, ts, 300u + c, 400u + c, wp[size_t(c)]);
       }
       CK(cudaDeviceSynchronize());  // the copies and the last copy's checkpoint tensors, before stream s reads them
+      if (ceiling) {
+        const size_t n16 = l.total_bytes / 16;
+        const Measured r = measure(s, copies, replays, [&](int i) {
+          read_stream_kernel<<<sms * 8, 256, 0, s>>>(static_cast<const uint4*>(wp[size_t(i % copies)]), n16, sink);
+        });
+        const double tbps = double(l.total_bytes) / (r.us * 1e-6) / 1e12;
+        const double cb1 = cublas.count(1) ? cublas[1].us : 0.0;
+        std::printf("read ceiling %-18s %-8s %-6s %.1f MB: %.1f us (%.2f TB/s)%s\n", sh.model.c_str(), sh.layer.c_str(),
+                    fname.c_str(), l.total_bytes / 1e6, r.us, tbps,
+                    cb1 > 0 ? (", cuBLAS m=1 / read: " + std::to_string(cb1 / r.us).substr(0, 4) + "x").c_str() : "");
+        std::ostringstream row;
+        row << "    {\"model\": \"" << sh.model << "\", \"layer\": \"" << sh.layer << "\", \"format\": \"" << fname
+            << "\", \"n\": " << n << ", \"k\": " << k << ", \"bytes\": " << l.total_bytes << ", \"read_us\": " << r.us
+            << ", \"read_tbps\": " << tbps << ", \"cublas_m1_us\": " << cb1
+            << ", \"max_speedup_m1\": " << (cb1 > 0 ? cb1 / r.us : 0.0) << "}";
+        read_rows.push_back(row.str());
+        std::ostringstream all;
+        all << ceilings.str().substr(0, ceilings.str().find("  \"read_ceiling\"")) << "  \"read_ceiling\": [\n";
+        for (size_t ri = 0; ri < read_rows.size(); ++ri) all << read_rows[ri] << (ri + 1 < read_rows.size() ? ",\n" : "\n");
+        all << "  ],\n";
+        ceilings.str(all.str());
+      }
       // Self-check reference: cuBLAS on the last copy's dequantized weights, first m_ref tokens (BF16 only).
       const int64_t m_ref = std::min<int64_t>(256, m_max);
       void* yref = nullptr;
