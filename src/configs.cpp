@@ -146,6 +146,23 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     if (!pick || (large && c.row_tiles > pick->row_tiles)) pick = &c;
   }
   if (!pick) return kKernelConfigs[0].id;  // unreachable: the table has ring entries up to 64 tokens
+  // Few row groups whose every (row group, K slice) unit fits one wave of resident CTAs: stream-K gives each
+  // CTA about one slice and every row group's last arrival its fixup round trips; the cluster twin of the
+  // pick (same ring, the K split reduced in distributed shared memory) is faster there (configs.h).
+  const int64_t rg = cdiv(cdiv(n, 16), int64_t(pick->warps) * pick->row_tiles), slices = k_slices(k);
+  if (cc_major == 9 && !large && rg <= kClusterMaxRowGroups && rg * slices <= int64_t(sms) * pick->min_blocks)
+    for (int i = 0; i < kNumKernelConfigs; ++i) {
+      const KernelConfig& c = kKernelConfigs[i];
+      if (c.pipeline == kCluster && c.n_tiles == pick->n_tiles && c.row_tiles == pick->row_tiles &&
+          c.warps == pick->warps && c.min_blocks == pick->min_blocks && c.chunks == pick->chunks &&
+          c.stages == pick->stages) {
+        if (why)
+          *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
+                 "; " + std::to_string(rg) + " row groups x " + std::to_string(slices) +
+                 " K slices fit one wave: the first entry's cluster twin)";
+        return c.id;
+      }
+    }
   if (why)
     *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +

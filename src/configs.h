@@ -25,14 +25,16 @@ struct KernelConfig {
                     // bulk: S shared-memory stages of one K slice each
   int pipeline;     // kRing: per-lane loads into a register ring (sm_80+); kBulk: a producer warp streams
                     // whole K slices into a shared-memory ring with cp.async.bulk + mbarriers (sm_90);
-                    // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a)
+                    // kWgmma: the prefill kernel (kernels/prefill_gemm_sm90.cuh, sm_90a); kCluster: the
+                    // register ring without stream-K: a row group's K split over a thread-block cluster,
+                    // reduced through distributed shared memory (sm_90; decode_gemm.cuh, finish_cluster)
   int max_splits = 1;  // kWgmma: the most K splits the plan may use when the output tiles leave SMs idle
                        // (1: whole K per CTA, no workspace); decode entries: unused (always stream-K)
   bool balanced = false;  // decode: grid = ceil(units / u) CTAs with u = ceil(units / resident CTAs), so every
                           // CTA gets u or u - 1 units (a host-side choice: same kernel as its twin)
 };
 
-enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2 };
+enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2, kCluster = 3 };
 
 // How the fields read for a kWgmma (prefill) entry:
 //   n_tiles    token tile / 8 (token tile BN = 64, 128 or 256 tokens per CTA; any m runs in one launch)
@@ -95,6 +97,16 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // layers (fewer dequantising warps per SM), faster on small layers at m = 16 and 64 only.
     {14, "m16_bulk_w8_s4_b1", 2, 1, 8, 1, 4, 4, kBulk},
     {17, "m64_bulk_w8_s2_b1", 8, 1, 8, 1, 2, 2, kBulk},
+    // Cluster mode (sm_90): the ring kernels of entries 0 and 34, each row group's K split over a cluster of
+    // S CTAs (S ~ resident CTAs / row groups, <= 16 and <= the K slices), the partials summed through
+    // distributed shared memory instead of the stream-K fixup's workspace round trips. Measured against
+    // their twins (bench/results/cl_fbd3afb_*.json, NVFP4, us, m = 1 / 16): faster where few row groups'
+    // units all fit one wave (pick_config: <= kClusterMaxRowGroups row groups): Llama-70B tp8 qkv (10 row
+    // groups x 16 slices) 7.5 -> 6.2 / 10.8 -> 7.8, gpt-oss o (23 x 8) 7.4 -> 6.4 / 9.8 -> 7.9; slower
+    // from 32 row groups (Llama-8B o 7.6 -> 7.8 / 10.6 -> 12.4, gpt-oss qkv (40 x 6) 7.6 -> 7.5 / 10.0 ->
+    // 12.3, tp8 o (64 x 2) 6.1 -> 5.7 / 7.2 -> 7.6) and on every layer whose units exceed a wave (+12-45%).
+    {18, "m8_r1_w8_b3_c8x1_cl", 1, 1, 8, 3, 8, 1, kCluster},
+    {19, "m16_r1_w8_b2_c8x2_cl", 2, 1, 8, 2, 8, 2, kCluster},
     // (Ids 30-32 were 24-warp CTAs, one or two per SM (m8_r1_w24_b1, m8_r1_w12_b2, m16_r1_w24_b1): slower
     // than the 8-warp defaults on every Llama-70B layer at m = 1 (gate_up 91.6 / 84.8 vs 79.0 us), within
     // 4% at m = 16, bench/results/sweep_w24_cee07c6_llama70b.json; removed.)
@@ -135,6 +147,10 @@ const KernelConfig* find_config(int id);
 // the decode kernel's 64-token entry, as slow as m = 64, so the prefill kernel takes over above 32.
 // Past 64 tokens the decode kernel would also re-read the weights once per 64-token launch.
 inline constexpr int64_t kPrefillMinM = 33;
+
+// pick_config takes the cluster twin of its decode pick (cc 9.x) for layers of at most this many row
+// groups whose (row group, K slice) units all fit one wave of resident CTAs (see the cluster entries).
+inline constexpr int64_t kClusterMaxRowGroups = 24;
 
 // From 17 tokens (and K >= 2048) on a cc 9.x device the two kernels are compared by model: the prefill
 // kernel's least-cost entry (prefill_us) against the decode kernel's ~13 us + weight bytes / 2.14 TB/s,

@@ -18,6 +18,10 @@ DecodeKernelFn decode_kernel_of() {
   constexpr KernelConfig c = kKernelConfigs[I];
   if constexpr (c.pipeline == kWgmma)
     return nullptr;
+  else if constexpr (c.pipeline == kCluster)
+    return kGrouped ? nullptr
+                    : &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
+                                                   false, true>;
   else if constexpr (c.pipeline == kBulk)
     return &kernels::decode_gemm_bulk_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
                                              kGrouped>;

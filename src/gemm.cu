@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -98,6 +100,24 @@ Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, 
   return Status::Ok();
 }
 
+// Cluster-mode kernels may run clusters of up to kernels::kMaxCluster CTAs (above 8 is non-portable and
+// must be allowed per kernel), set once per (device, kernel).
+std::vector<std::pair<int, const void*>> g_large_clusters;
+Status allow_large_clusters(const void* kernel) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto& kv : g_large_clusters)
+    if (kv.first == dev && kv.second == kernel) return Status::Ok();
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(Code::kCudaError, std::string("kernel: cannot allow clusters above 8 CTAs (") + cudaGetErrorString(e) + ")");
+  }
+  g_large_clusters.push_back({dev, kernel});
+  return Status::Ok();
+}
+
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan) {
   FP4KIT_RETURN_IF_ERROR(check_shape(w.format, w.n, w.k));
   if (m < 1) return Status::Invalid("m: must be >= 1 (got " + str(m) + ")");
@@ -143,6 +163,17 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (cfg->balanced) {
     const int64_t per_cta = (p.units + resident - 1) / resident;
     p.grid = int((p.units + per_cta - 1) / per_cta);
+  }
+  if (cfg->pipeline == kCluster) {
+    // Each row group's K over a cluster of S CTAs: about one wave of resident CTAs in all, every CTA at
+    // least one K slice, at most kMaxCluster (non-portable above 8: allowed once per kernel). No workspace.
+    const int64_t s = std::llround(double(resident) / double(p.row_groups));
+    p.cluster = int(std::max<int64_t>(1, std::min<int64_t>({s, kernels::kMaxCluster, l.k_macros})));
+    p.grid = p.row_groups * p.cluster;
+    if (p.cluster > 8) FP4KIT_RETURN_IF_ERROR(allow_large_clusters(p.kernel));
+    p.pdl = pdl_enabled(facts.major, false);
+    *plan = p;
+    return Status::Ok();
   }
   // Split row groups exist only when some CTA's range does not cover whole row groups.
   const bool split = p.units % p.grid != 0 || (p.units / p.grid) % l.k_macros != 0;
@@ -227,7 +258,11 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl, p);
+    if (plan.cluster > 1)
+      detail::launch_kernel_cluster(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl,
+                                    plan.cluster, p);
+    else
+      detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

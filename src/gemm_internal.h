@@ -35,6 +35,7 @@ struct DecodePlan {
   size_t lane_x_offset = 0;
   int lane_x_sms = 0;       // prefill: the device's SMs, for the lane-order pass's grid (row_vector_grid)
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
+  int cluster = 0;          // kCluster: CTAs per cluster (each row group's K split S ways; grid = row_groups * S)
 };
 
 // Every plan's arrival counters lie in the workspace's first kCounterRegionBytes (all of them as long as

@@ -38,5 +38,31 @@ cudaError_t launch_kernel(void (*fn)(Params...), dim3 grid, dim3 block, size_t s
   return cudaLaunchKernelEx(&cfg, fn, std::forward<Args>(args)...);
 }
 
+// The same with the grid in clusters of `cluster` CTAs along x (sm_90; cluster > 1 only).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_cluster(void (*fn)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  bool pdl, int cluster, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  attr[n].id = cudaLaunchAttributeClusterDimension;
+  attr[n].val.clusterDim.x = unsigned(cluster);
+  attr[n].val.clusterDim.y = 1;
+  attr[n].val.clusterDim.z = 1;
+  ++n;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, fn, std::forward<Args>(args)...);
+}
+
 }  // namespace detail
 }  // namespace fp4kit

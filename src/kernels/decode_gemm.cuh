@@ -688,7 +688,86 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   return true;
 }
 
-template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false>
+// ---- Cluster mode (sm_90): the K split of a row group reduced through distributed shared memory ---------
+// A launch of row_groups x S CTAs in clusters of S (plan: S <= k_macros): cluster c is row group c, its CTA
+// z takes K slices [z * KM / S, (z + 1) * KM / S) (at least one). At the end every CTA parks its partial
+// tile in its own shared memory, one cluster barrier publishes them, each CTA sums 1/S of the tile's
+// values over the S CTAs in rank order (ld.shared::cluster: deterministic) and writes those outputs, and a
+// second barrier keeps every CTA resident until its partial has been read. No workspace, no atomics, no
+// global round trip after the stream: the stream-K fixup's store, acq_rel count and partial reads (the
+// tail of every small layer) become two cluster barriers and one shared-memory hop.
+__device__ __forceinline__ int cluster_rank() {
+  int r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ int cluster_size() {
+  int n = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+  return n;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The float at shared address `addr` of this kernel's shared window in cluster CTA `rank`.
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
+  float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+constexpr int kMaxCluster = 16;  // non-portable cluster size (the plan asks for it above 8)
+
+// The end of a cluster-mode CTA's single segment (see above). red: shared memory for WARPS * RW * NT * 4 *
+// 32 floats (the X buffers, free after the main loop).
+template <typename T, int NT, int RW, int WARPS>
+__device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, float* red,
+                                               const float (&acc)[RW][NT][4]) {
+  constexpr int kF = WARPS * RW * NT * 4 * 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int S = cluster_size(), z = cluster_rank();
+  __syncthreads();  // every warp is done with the X buffers
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(((warp * RW + r) * NT + nt) * 4 + e) * 32 + lane] = acc[r][nt][e];
+  cluster_sync_all();  // every CTA's partial is in place
+  const uint32_t red_addr = static_cast<uint32_t>(__cvta_generic_to_shared(red));
+  T* y = static_cast<T*>(q.y);
+  const T* bias = static_cast<const T*>(q.bias);
+  for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
+    const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;  // wr = warp * RW + r
+    const int rt = lrg * WARPS * RW + wr;
+    const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+    if (rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+    const float f = q.out_scale[row];
+    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+    float v[kMaxCluster];
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c)
+      if (c < S) v[c] = ld_cluster_f32(red_addr + 4u * uint32_t(i), c);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kMaxCluster; ++c)  // in rank order: the same bits whatever the timing
+      if (c < S) sum += v[c];
+    y[int64_t(tok) * q.n + row] = Act<T>::from_float(sum * f + b);
+  }
+  cluster_sync_all();  // no CTA leaves while another reads its shared memory
+}
+
+template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int D, bool kGrouped = false,
+          bool kCluster = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -707,7 +786,18 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
   int64_t units, G, u_begin, u_end;
-  if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) return;
+  if constexpr (kCluster) {  // one segment: this CTA's K slices of its cluster's row group (above)
+    static_assert(!kGrouped, "cluster mode is dense only");
+    griddep_launch_dependents();
+    units = p.units;
+    G = gridDim.x;
+    const int S = cluster_size(), z = cluster_rank();
+    const int64_t rg0 = int64_t(blockIdx.x / S) * p.k_macros;
+    u_begin = rg0 + int64_t(p.k_macros) * z / S;
+    u_end = rg0 + int64_t(p.k_macros) * (z + 1) / S;
+  } else if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) {
+    return;
+  }
   const int64_t b = blockIdx.x;
   const int first_rg = int(u_begin / p.k_macros);
   decode_trace_global(8);
@@ -794,6 +884,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     if ((j0 == 0 && j1 == p.k_macros) || decode_ablate(kAblateFixup)) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
       if (seg == 0) decode_trace(4);
+      continue;
+    }
+    if constexpr (kCluster) {
+      finish_cluster<T, NT, RW, WARPS>(q, lrg, reinterpret_cast<float*>(x_smem_raw), acc);
       continue;
     }
     finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },

@@ -367,6 +367,35 @@ TEST(gemm_matches_reference_all_configs) {
         }
 }
 
+// Cluster mode (sm_90): clusters of up to 16 CTAs (non-portable above 8), K slices split unevenly (17 over
+// 16), a partial last row group; the cluster reduction's sum is in rank order: bitwise deterministic.
+TEST(gemm_cluster_configs) {
+  if (device_major() != 9) {
+    std::printf("  [skip] cluster configs: need compute capability 9.x\n");
+    return;
+  }
+  for (const char* name : {"m8_r1_w8_b3_c8x1_cl", "m16_r1_w8_b2_c8x2_cl"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+      const int id = config_id(name);
+      const int64_t n = 300, k = 16 * 512 + 32;  // 3 row groups (the last of 44 rows), 17 K slices
+      detail::DecodePlan plan;
+      CHECK_OK(detail::make_plan(1, PackedWeight{f, n, k, nullptr}, DType::kBF16, id, &plan));
+      CHECK_MSG(plan.cluster == 16 && plan.grid == 3 * 16 && plan.workspace_bytes == 0,
+                name << ": cluster " << plan.cluster << " grid " << plan.grid << " workspace " << plan.workspace_bytes);
+      for (int64_t m : {int64_t(1), int64_t(5), int64_t(8), int64_t(16)})
+        if (m <= 8 * find_config(id)->n_tiles) check_case(f, m, n, k, m != 5, id, m % 2 == 1);
+      CkptWeight w = fp4test::random_weight(f, n, k, rng());
+      DeviceWeight dw;
+      prepack_both(w, dw);
+      const int64_t m = 8 * find_config(id)->n_tiles;
+      const auto x = random_x(m, k, true);
+      const auto a = run(dw, x, nullptr, m, true, id), b = run(dw, x, nullptr, m, true, id);
+      CHECK_MSG(a.bits == b.bits, name << " m=" << m << ": not bitwise deterministic");
+      // Few slices: the cluster shrinks to the K slices (2 here), one slice per CTA.
+      check_case(f, 3, 4096 + 16, 1024, true, id, true);
+    }
+}
+
 // FIRST for the prefill kernel: one CTA tile with exact inputs, so any error in its one layout
 // assumption (wgmma's register A fragment of each warp is laid out like mma.m16n8k16's: rows g, g+8, k
 // 2t, 2t+8) shows as a bitwise mismatch; one-hot probes print where a weight landed if it fails. Then the

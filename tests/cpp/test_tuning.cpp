@@ -169,6 +169,16 @@ TEST(analytic_default_rule) {
   std::string why;
   pick_config(16, 57344, 8192, &why);
   CHECK(why.find("most row tiles per warp") != std::string::npos);
+  // Hopper, few row groups whose units fit one wave: the cluster twin (m <= 16); Ampere: never.
+  CHECK_EQ(pick_config(1, 1280, 8192), id_of("m8_r1_w8_b3_c8x1_cl"));     // 10 row groups x 16 slices
+  CHECK_EQ(pick_config(16, 2880, 4096), id_of("m16_r1_w8_b2_c8x2_cl"));   // 23 x 8 <= 264
+  CHECK_EQ(pick_config(1, 1280, 8192, nullptr, 8), id_of("m8_r1_w8_b3_c8x1"));
+  CHECK_EQ(pick_config(1, 4096, 4096), id_of("m8_r1_w8_b3_c8x1"));         // 32 row groups
+  CHECK_EQ(pick_config(16, 1280, 30 * 512), id_of("m16_r1_w8_b2_c8x2"));   // 10 x 30 > 264
+  CHECK_EQ(pick_config(1, 1280, 30 * 512), id_of("m8_r1_w8_b3_c8x1_cl"));  // 300 <= 396
+  pick_config(1, 1280, 8192, &why);
+  CHECK(why.find("cluster twin") != std::string::npos);
+  CHECK(!config_supported(*find_config(id_of("m8_r1_w8_b3_c8x1_cl")), 8));
 }
 
 TEST(analytic_default_split_k) {
