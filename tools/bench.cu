@@ -120,7 +120,7 @@ const char* kPrefillMs = "1,16,32,64,128,256,512,1024,2048,4096,8192,16384";
 
 const char* kernel_of(const KernelConfig& c) { return is_prefill(c) ? "prefill" : "decode"; }
 const char* pipeline_of(const KernelConfig& c) {
-  return c.pipeline == kWgmma ? "wgmma" : c.pipeline == kBulk ? "bulk" : "ring";
+  return c.pipeline == kWgmma ? "wgmma" : c.pipeline == kBulk ? "bulk" : c.pipeline == kCluster ? "cluster" : "ring";
 }
 
 // cuBLASLt: Y[m, n] (row-major) = X[m, k] W[n, k]^T, i.e. column-major C[n, m] = W^T(op T) * X.
