@@ -258,11 +258,8 @@ Status gemm(const GemmArgs& a, cudaStream_t stream) {
     p.m = int(std::min<int64_t>(plan.m_block, a.m - m0));
     p.x = static_cast<const uint8_t*>(a.x) + m0 * a.w.k * 2;
     p.y = static_cast<uint8_t*>(a.y) + m0 * a.w.n * 2;
-    if (plan.cluster > 1)
-      detail::launch_kernel_cluster(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl,
-                                    plan.cluster, p);
-    else
-      detail::launch_kernel(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl, p);
+    detail::launch_kernel_cluster(fn, dim3(plan.grid), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl,
+                                  plan.cluster, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("gemm launch: ") + cudaGetErrorString(e));

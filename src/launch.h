@@ -21,24 +21,7 @@ bool pdl_enabled(int cc_major, bool by_default);
 bool pdl_enabled_here(bool by_default);
 
 // A failed launch is also the thread's last CUDA error: callers check cudaGetLastError() once after their
-// launches.
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*fn)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                          Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, fn, std::forward<Args>(args)...);
-}
-
-// The same with the grid in clusters of `cluster` CTAs along x (sm_90; cluster > 1 only).
+// launches. `cluster` > 1: the grid in clusters of that many CTAs along x (sm_90).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_cluster(void (*fn)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                   bool pdl, int cluster, Args&&... args) {
@@ -48,12 +31,14 @@ cudaError_t launch_kernel_cluster(void (*fn)(Params...), dim3 grid, dim3 block, 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  int n = 0;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n].val.clusterDim.x = unsigned(cluster);
-  attr[n].val.clusterDim.y = 1;
-  attr[n].val.clusterDim.z = 1;
-  ++n;
+  unsigned n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   if (pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
@@ -62,6 +47,11 @@ cudaError_t launch_kernel_cluster(void (*fn)(Params...), dim3 grid, dim3 block, 
   cfg.attrs = attr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, fn, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*fn)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                          Args&&... args) {
+  return launch_kernel_cluster(fn, grid, block, smem, stream, pdl, 1, std::forward<Args>(args)...);
 }
 
 }  // namespace detail

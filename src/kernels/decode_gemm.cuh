@@ -696,19 +696,13 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
 // second barrier keeps every CTA resident until its partial has been read. No workspace, no atomics, no
 // global round trip after the stream: the stream-K fixup's store, acq_rel count and partial reads (the
 // tail of every small layer) become two cluster barriers and one shared-memory hop.
-__device__ __forceinline__ int cluster_rank() {
-  int r = 0;
+// This CTA's rank in its cluster (x) and the cluster's size (y); 0 and 1 below sm_90.
+__device__ __forceinline__ int2 cluster_rank_size() {
+  int2 v = make_int2(0, 1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n\tmov.u32 %1, %%cluster_nctarank;" : "=r"(v.x), "=r"(v.y));
 #endif
-  return r;
-}
-__device__ __forceinline__ int cluster_size() {
-  int n = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-  return n;
+  return v;
 }
 __device__ __forceinline__ void cluster_sync_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -734,7 +728,8 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
                                                const float (&acc)[RW][NT][4]) {
   constexpr int kF = WARPS * RW * NT * 4 * 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int S = cluster_size(), z = cluster_rank();
+  const int2 rs = cluster_rank_size();
+  const int z = rs.x, S = rs.y;
   __syncthreads();  // every warp is done with the X buffers
 #pragma unroll
   for (int r = 0; r < RW; ++r)
@@ -791,7 +786,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     griddep_launch_dependents();
     units = p.units;
     G = gridDim.x;
-    const int S = cluster_size(), z = cluster_rank();
+    const int2 rs = cluster_rank_size();
+    const int z = rs.x, S = rs.y;
     const int64_t rg0 = int64_t(blockIdx.x / S) * p.k_macros;
     u_begin = rg0 + int64_t(p.k_macros) * z / S;
     u_end = rg0 + int64_t(p.k_macros) * (z + 1) / S;
