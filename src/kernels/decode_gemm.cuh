@@ -235,6 +235,12 @@ template <> struct Act<__half> {
   __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
 };
 
+// The epilogue's per-row factors, as fp32: out_scale (tensor scale, MXFP4 row re-basing) and the bias (0
+// without one). Output = from_float(acc * x + y). Every kernel's epilogue and fixup reads them here.
+template <typename T> __device__ __forceinline__ float2 row_factors(const float* out_scale, const T* bias, int row) {
+  return make_float2(out_scale[row], bias ? Act<T>::to_float(bias[row]) : 0.0f);
+}
+
 // Block scales -> the multipliers of the raw dequantised pairs.
 //
 // Prepack put the scales of one unit (NVFP4: a chunk; MXFP4: a chunk pair) for rows g and g+8 in the even
@@ -494,14 +500,13 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const int* rt, i
     for (int h = 0; h < 2; ++h) {
       const int row = rt[r] * 16 + g + 8 * h;
       if (row >= p.n) continue;
-      const float f = p.out_scale[row];
-      const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+      const float2 fb = row_factors(p.out_scale, bias, row);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int tok = 8 * nt + 2 * t + e;
-          if (tok < p.m) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[r][nt][2 * h + e] * f + b);
+          if (tok < p.m) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
         }
     }
   }
@@ -626,9 +631,10 @@ __device__ __forceinline__ void finish_split(const DecodeParams& p, const Decode
           if (i < n_c) sum += v[i];
       }
       const int tok = f / kRowsG, row = lrg * kRowsG + f % kRowsG;
-      if (row < q.n)
-        static_cast<T*>(q.y)[int64_t(tok) * q.n + row] =
-            Act<T>::from_float(sum * q.out_scale[row] + (bias ? Act<T>::to_float(bias[row]) : 0.0f));
+      if (row < q.n) {
+        const float2 fb = row_factors(q.out_scale, bias, row);
+        static_cast<T*>(q.y)[int64_t(tok) * q.n + row] = Act<T>::from_float(sum * fb.x + fb.y);
+      }
     }
   } else {
     zero_acc(acc);
@@ -746,8 +752,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
     const int rt = lrg * WARPS * RW + wr;
     const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
     if (rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
-    const float f = q.out_scale[row];
-    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+    const float2 fb = row_factors(q.out_scale, bias, row);
     float v[kMaxCluster];
 #pragma unroll
     for (int c = 0; c < kMaxCluster; ++c)
@@ -756,7 +761,7 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
 #pragma unroll
     for (int c = 0; c < kMaxCluster; ++c)  // in rank order: the same bits whatever the timing
       if (c < S) sum += v[c];
-    y[int64_t(tok) * q.n + row] = Act<T>::from_float(sum * f + b);
+    y[int64_t(tok) * q.n + row] = Act<T>::from_float(sum * fb.x + fb.y);
   }
   cluster_sync_all();  // no CTA leaves while another reads its shared memory
 }

@@ -617,14 +617,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       for (int h = 0; h < 2; ++h) {
         const int r = warp * 16 + g + 8 * h;  // row in the CTA
         if (r >= rows) continue;
-        const float f = op.out_scale[row0 + r];
-        const float b = bias ? Act<T>::to_float(bias[row0 + r]) : 0.0f;
+        const float2 fb = row_factors(op.out_scale, bias, row0 + r);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             *reinterpret_cast<T*>(tile + (8 * j + 2 * t + e) * kPitch + r * 2) =
-                Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+                Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
       }
     }
     consumer_sync();
@@ -642,14 +641,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   for (int h = 0; h < 2; ++h) {
     const int row = rt * 16 + g + 8 * h;
     if (row >= p.n) continue;
-    const float f = op.out_scale[row];
-    const float b = bias ? Act<T>::to_float(bias[row]) : 0.0f;
+    const float2 fb = row_factors(op.out_scale, bias, row);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tok0 + 8 * j + 2 * t + e;
-        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * f + b);
+        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
       }
   }
 #else
