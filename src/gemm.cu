@@ -79,7 +79,8 @@ Status device_facts(int* dev, DeviceFacts* out) {
 
 namespace detail {
 
-Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, int* sms, int* blocks) {
+Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, int* sms, int* blocks,
+                       bool large_clusters) {
   int dev = 0;
   DeviceFacts facts;
   FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
@@ -92,29 +93,12 @@ Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, 
       return Status::Ok();
     }
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess && large_clusters) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, size_t(smem));
   if (e != cudaSuccess || *blocks < 1)
     return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
                                         (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
   g_occupancy.push_back({{dev, kernel}, *blocks});
-  return Status::Ok();
-}
-
-// Cluster-mode kernels may run clusters of up to kernels::kMaxCluster CTAs (above 8 is non-portable and
-// must be allowed per kernel), set once per (device, kernel).
-std::vector<std::pair<int, const void*>> g_large_clusters;
-Status allow_large_clusters(const void* kernel) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto& kv : g_large_clusters)
-    if (kv.first == dev && kv.second == kernel) return Status::Ok();
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return Status(Code::kCudaError, std::string("kernel: cannot allow clusters above 8 CTAs (") + cudaGetErrorString(e) + ")");
-  }
-  g_large_clusters.push_back({dev, kernel});
   return Status::Ok();
 }
 
@@ -146,7 +130,8 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;
   const int threads = launch_threads(*cfg), smem = launch_smem_bytes(*cfg);
-  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, nullptr, &per_sm));
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, nullptr, &per_sm,
+                                         cfg->pipeline == kCluster));
 
   DecodePlan p;
   p.cfg = cfg;
@@ -166,11 +151,11 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   }
   if (cfg->pipeline == kCluster) {
     // Each row group's K over a cluster of S CTAs: about one wave of resident CTAs in all, every CTA at
-    // least one K slice, at most kMaxCluster (non-portable above 8: allowed once per kernel). No workspace.
+    // least one K slice, at most kMaxCluster (non-portable above 8: resident_per_sm allowed it). No
+    // workspace.
     const int64_t s = std::llround(double(resident) / double(p.row_groups));
     p.cluster = int(std::max<int64_t>(1, std::min<int64_t>({s, kernels::kMaxCluster, l.k_macros})));
     p.grid = p.row_groups * p.cluster;
-    if (p.cluster > 8) FP4KIT_RETURN_IF_ERROR(allow_large_clusters(p.kernel));
     p.pdl = pdl_enabled(facts.major, false);
     *plan = p;
     return Status::Ok();
