@@ -150,7 +150,9 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   // CTA about one slice and every row group's last arrival its fixup round trips; the cluster twin of the
   // pick (same ring, the K split reduced in distributed shared memory) is faster there (configs.h).
   const int64_t rg = cdiv(cdiv(n, 16), int64_t(pick->warps) * pick->row_tiles), slices = k_slices(k);
-  if (cc_major == 9 && !large && rg <= kClusterMaxRowGroups && rg * slices <= int64_t(sms) * pick->min_blocks)
+  const int64_t wave = int64_t(sms) * pick->min_blocks;
+  const bool few = rg <= kClusterMaxRowGroups || (pick->n_tiles == 1 && 8 * rg * slices <= kClusterOneTileWaveEighths * wave);
+  if (cc_major == 9 && !large && few && rg * slices <= wave)
     for (int i = 0; i < kNumKernelConfigs; ++i) {
       const KernelConfig& c = kKernelConfigs[i];
       if (c.pipeline == kCluster && c.n_tiles == pick->n_tiles && c.row_tiles == pick->row_tiles &&
@@ -159,7 +161,8 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
         if (why)
           *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
                  "; " + std::to_string(rg) + " row groups x " + std::to_string(slices) +
-                 " K slices fit one wave: the first entry's cluster twin)";
+                 " K slices fit one wave" + (rg <= kClusterMaxRowGroups ? "" : " (5/8 of it, one-token tiles)") +
+                 ": the first entry's cluster twin)";
         return c.id;
       }
     }

@@ -105,6 +105,11 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // groups x 16 slices) 7.5 -> 6.2 / 10.8 -> 7.8, gpt-oss o (23 x 8) 7.4 -> 6.4 / 9.8 -> 7.9; slower
     // from 32 row groups (Llama-8B o 7.6 -> 7.8 / 10.6 -> 12.4, gpt-oss qkv (40 x 6) 7.6 -> 7.5 / 10.0 ->
     // 12.3, tp8 o (64 x 2) 6.1 -> 5.7 / 7.2 -> 7.6) and on every layer whose units exceed a wave (+12-45%).
+    // With one-token tiles (m <= 8, entry 18) the sweep of cc8d1ca (cfg_cc8d1ca_*.json, m = 1-8) has tp8 o
+    // 5.7-7.0% and gpt-oss qkv 1.9-7.6% faster in cluster mode: pick_config also takes entry 18 where all
+    // units fit 5/8 of a wave (tp8 o 0.32, gpt-oss qkv 0.61; Llama-8B o at 0.65 was 2.6% slower at m = 1).
+    // The fused MoE's one-token grouped passes run entry 18 in grouped mode where every row group of the
+    // schedule gets a cluster of >= 2 CTAs within one wave (moe.cu, plan_grouped).
     {18, "m8_r1_w8_b3_c8x1_cl", 1, 1, 8, 3, 8, 1, kCluster},
     {19, "m16_r1_w8_b2_c8x2_cl", 2, 1, 8, 2, 8, 2, kCluster},
     // (Ids 30-32 were 24-warp CTAs, one or two per SM (m8_r1_w24_b1, m8_r1_w12_b2, m16_r1_w24_b1): slower
@@ -149,8 +154,10 @@ const KernelConfig* find_config(int id);
 inline constexpr int64_t kPrefillMinM = 33;
 
 // pick_config takes the cluster twin of its decode pick (cc 9.x) for layers of at most this many row
-// groups whose (row group, K slice) units all fit one wave of resident CTAs (see the cluster entries).
+// groups whose (row group, K slice) units all fit one wave of resident CTAs, and with one-token tiles
+// also for layers whose units fit kClusterOneTileWaveEighths / 8 of a wave (see the cluster entries).
 inline constexpr int64_t kClusterMaxRowGroups = 24;
+inline constexpr int64_t kClusterOneTileWaveEighths = 5;
 
 // From 17 tokens (and K >= 2048) on a cc 9.x device the two kernels are compared by model: the prefill
 // kernel's least-cost entry (prefill_us) against the decode kernel's ~13 us + weight bytes / 2.14 TB/s,

@@ -19,9 +19,8 @@ DecodeKernelFn decode_kernel_of() {
   if constexpr (c.pipeline == kWgmma)
     return nullptr;
   else if constexpr (c.pipeline == kCluster)
-    return kGrouped ? nullptr
-                    : &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
-                                                   false, true>;
+    return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
+                                        kGrouped, true>;
   else if constexpr (c.pipeline == kBulk)
     return &kernels::decode_gemm_bulk_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,
                                              kGrouped>;

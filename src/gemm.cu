@@ -52,7 +52,13 @@ struct DeviceFacts {
 };
 std::mutex g_mu;
 std::vector<DeviceFacts> g_devices;
-std::vector<std::pair<std::pair<int, const void*>, int>> g_occupancy;
+struct Occupancy {
+  int dev;
+  const void* kernel;
+  int blocks;       // CTAs per SM
+  int max_cluster;  // cluster kernels: the largest cluster the device can schedule (0: not asked)
+};
+std::vector<Occupancy> g_occupancy;
 
 Status device_facts(int* dev, DeviceFacts* out) {
   cudaError_t e = cudaGetDevice(dev);
@@ -80,25 +86,44 @@ Status device_facts(int* dev, DeviceFacts* out) {
 namespace detail {
 
 Status resident_per_sm(const void* kernel, int threads, int smem, int* dev_out, int* sms, int* blocks,
-                       bool large_clusters) {
+                       int* max_cluster) {
   int dev = 0;
   DeviceFacts facts;
   FP4KIT_RETURN_IF_ERROR(device_facts(&dev, &facts));
   if (dev_out) *dev_out = dev;
   if (sms) *sms = facts.sms;
   std::lock_guard<std::mutex> lock(g_mu);
-  for (auto& kv : g_occupancy)
-    if (kv.first.first == dev && kv.first.second == kernel) {
-      *blocks = kv.second;
+  for (const Occupancy& o : g_occupancy)
+    if (o.dev == dev && o.kernel == kernel && (!max_cluster || o.max_cluster > 0)) {
+      *blocks = o.blocks;
+      if (max_cluster) *max_cluster = o.max_cluster;
       return Status::Ok();
     }
+  Occupancy o{dev, kernel, 0, 0};
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess && large_clusters) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, size_t(smem));
-  if (e != cudaSuccess || *blocks < 1)
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks, kernel, threads, size_t(smem));
+  if (e == cudaSuccess && max_cluster) {
+    // Clusters above the portable 8 CTAs where the device schedules them (Hopper: 16); the largest size it
+    // can place for this kernel caps every plan's cluster (a partition or part with smaller GPCs gets
+    // smaller clusters, not a failed launch).
+    o.max_cluster = facts.major >= 9 ? 8 : 1;  // no clusters before sm_90
+    if (facts.major >= 9 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(kernels::kMaxCluster));
+      cfg.blockDim = dim3(unsigned(threads));
+      cfg.dynamicSmemBytes = size_t(smem);
+      int size = 0;
+      if (cudaOccupancyMaxPotentialClusterSize(&size, kernel, &cfg) == cudaSuccess && size > 0) o.max_cluster = size;
+    }
+    cudaGetLastError();  // a refused query leaves the portable size, not a sticky error for the caller
+    o.max_cluster = std::min(o.max_cluster, kernels::kMaxCluster);
+  }
+  if (e != cudaSuccess || o.blocks < 1)
     return Status(Code::kCudaError, std::string("kernel: cannot be resident on this device (") +
                                         (e != cudaSuccess ? cudaGetErrorString(e) : "occupancy 0") + ")");
-  g_occupancy.push_back({{dev, kernel}, *blocks});
+  g_occupancy.push_back(o);
+  *blocks = o.blocks;
+  if (max_cluster) *max_cluster = o.max_cluster;
   return Status::Ok();
 }
 
@@ -130,8 +155,9 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (!fn) return Status(Code::kInternal, "config " + std::to_string(id) + " has no instantiated kernel");
   int per_sm = 0;
   const int threads = launch_threads(*cfg), smem = launch_smem_bytes(*cfg);
+  int max_cluster = 0;
   FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem, nullptr, nullptr, &per_sm,
-                                         cfg->pipeline == kCluster));
+                                         cfg->pipeline == kCluster ? &max_cluster : nullptr));
 
   DecodePlan p;
   p.cfg = cfg;
@@ -151,10 +177,10 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   }
   if (cfg->pipeline == kCluster) {
     // Each row group's K over a cluster of S CTAs: about one wave of resident CTAs in all, every CTA at
-    // least one K slice, at most kMaxCluster (non-portable above 8: resident_per_sm allowed it). No
-    // workspace.
+    // least one K slice, at most the largest cluster the device schedules (resident_per_sm: 16 on the
+    // H200, non-portable above 8). No workspace.
     const int64_t s = std::llround(double(resident) / double(p.row_groups));
-    p.cluster = int(std::max<int64_t>(1, std::min<int64_t>({s, kernels::kMaxCluster, l.k_macros})));
+    p.cluster = int(std::max<int64_t>(1, std::min<int64_t>({s, int64_t(max_cluster), l.k_macros})));
     p.grid = p.row_groups * p.cluster;
     p.pdl = pdl_enabled(facts.major, false);
     *plan = p;

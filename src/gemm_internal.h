@@ -66,10 +66,11 @@ inline int launch_threads(const KernelConfig& c) { return (c.warps + (c.pipeline
 Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, DecodePlan* plan);
 
 // CTAs of `kernel` (threads, dynamic shared memory smem) resident per SM on the current device, cached per
-// (device, kernel); also the device and its SM count (either may be null). large_clusters: the kernel may
-// also run clusters above the portable 8 CTAs (cluster mode), allowed with the first query.
+// (device, kernel); also the device and its SM count (either may be null). max_cluster (cluster-mode
+// kernels; null otherwise): the largest cluster the device schedules for the kernel (1 before sm_90), at
+// most kernels::kMaxCluster (clusters above the portable 8 CTAs are allowed with the first such query).
 Status resident_per_sm(const void* kernel, int threads, int smem, int* dev, int* sms, int* blocks,
-                       bool large_clusters = false);
+                       int* max_cluster = nullptr);
 
 // gemm_validate's checks; on success `plan` holds the launch plan (gemm() validates and plans once).
 Status validate(const GemmArgs& a, DecodePlan* plan);

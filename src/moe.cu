@@ -44,6 +44,7 @@
 #include "fp4kit/repack.h"
 #include "decode_kernels.cuh"
 #include "launch.h"
+#include "moe_internal.h"
 #include "kernels/moe_align.cuh"
 #include "kernels/moe_bf16_gemm.cuh"
 #include "kernels/moe_elementwise.cuh"
@@ -81,6 +82,19 @@ constexpr int grouped_index(int n_tiles) {
     if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing) return i;
   return -1;
 }
+// The cluster twin of the one-token-tile entry (cluster mode, sm_90): a schedule entry's row group with
+// its K split over a thread-block cluster, reduced in distributed shared memory (decode_gemm.cuh).
+constexpr int grouped_cluster_index() {
+  const KernelConfig& r = kKernelConfigs[grouped_index(1)];
+  for (int i = 0; i < kNumKernelConfigs; ++i) {
+    const KernelConfig& c = kKernelConfigs[i];
+    if (c.pipeline == kCluster && c.n_tiles == 1 && c.row_tiles == r.row_tiles && c.warps == r.warps &&
+        c.min_blocks == r.min_blocks && c.chunks == r.chunks && c.stages == r.stages)
+      return i;
+  }
+  return -1;
+}
+static_assert(grouped_cluster_index() >= 0, "the config table has no cluster twin of the one-token-tile entry");
 // The tensor-core path's entry for a token tile: the table's unsplit prefill entry of that tile with the
 // most CTAs per SM (the first of equals). 64-token tiles thus run two CTAs per SM (p64_w8_s4_b2: 14% faster
 // at T = 512-2048, docs/moe-notes.md), the wider tiles one.
@@ -120,6 +134,15 @@ GroupedFn grouped_kernel(Format f, int n_tiles) {
 GroupedFn grouped_kernel(Format f, DType act, int n_tiles) {
   return act == DType::kF16 ? grouped_kernel<__half>(f, n_tiles) : grouped_kernel<__nv_bfloat16>(f, n_tiles);
 }
+template <typename T>
+GroupedFn grouped_cluster_kernel(Format f) {
+  constexpr size_t i = size_t(grouped_cluster_index());
+  return f == Format::kNVFP4 ? detail::decode_kernel_of<Format::kNVFP4, T, i, true>()
+                             : detail::decode_kernel_of<Format::kMXFP4, T, i, true>();
+}
+GroupedFn grouped_cluster_kernel(Format f, DType act) {
+  return act == DType::kF16 ? grouped_cluster_kernel<__half>(f) : grouped_cluster_kernel<__nv_bfloat16>(f);
+}
 // The grouped kernels' token tiles (of 8 rows: 1, 2, 4 or 8) that cover `rows` rows.
 int n_tiles_covering(double rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8; }
 // BF16 experts: a pass of up to kMoEBF16PassTokens tokens.
@@ -135,12 +158,13 @@ int fp4_decode_n_tiles(int pairs, int max_active) {
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
 // One grouped GEMM's launch: the dense plan of its config (layout, row groups, shared memory), the grouped
-// kernel, and a grid sized for the most experts a pass can touch.
+// kernel, and a grid sized for the most experts a pass can touch; cluster > 1: in cluster mode.
 struct GroupedPlan {
   detail::DecodePlan dense;
   GroupedFn fn = nullptr;
   int grid = 0;
   int sms = 0;
+  int cluster = 0;
 };
 
 Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, GroupedPlan* out) {
@@ -155,6 +179,24 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
   const int64_t max_units = int64_t(max_active) * p.dense.units;
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
+  if (n_tiles == 1) {
+    // Cluster mode where every row group the schedule can hold gets a cluster of S >= 2 CTAs within one
+    // wave: the same K cut as the balanced stream-K ranges (ceil(slices / S) slices per CTA), with the
+    // split reduced through distributed shared memory instead of the global fixup (docs/moe-notes.md:
+    // the one-token passes of gpt-oss and Qwen3 at T = 1).
+    const GroupedFn fn = grouped_cluster_kernel(w.format, act);
+    int per_sm_c = 0, max_cluster = 0;
+    FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), p.dense.threads,
+                                                   p.dense.smem_bytes, nullptr, nullptr, &per_sm_c, &max_cluster));
+    const int64_t rgs = int64_t(max_active) * p.dense.row_groups, km = p.dense.layout.k_macros;
+    const int64_t s_max = std::min<int64_t>({int64_t(per_sm_c) * p.sms / rgs, max_cluster, km});
+    if (s_max >= 2) {
+      const int64_t per_cta = (km + s_max - 1) / s_max;
+      p.cluster = int((km + per_cta - 1) / per_cta);
+      p.grid = int(rgs * p.cluster);
+      p.fn = fn;
+    }
+  }
   *out = p;
   return Status::Ok();
 }
@@ -414,6 +456,18 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
   return Status::Ok();
 }
 
+namespace detail {
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down) {
+  if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
+  const bool decode = !plan.tc && !plan.bf16;
+  *gate_up = decode ? plan.gu.cluster : 0;
+  *down = decode ? plan.dn.cluster : 0;
+  return Status::Ok();
+}
+}  // namespace detail
+
 Status moe_path(const MoEArgs& a, MoEPath* path) {
   if (!path) return Status::Invalid("path: must not be null");
   MoEPlan plan;
@@ -451,7 +505,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.offset = b.offset;
     s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
     p.pdl = plan.pdl;
-    detail::launch_kernel(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream, plan.pdl, p);
+    detail::launch_kernel_cluster(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream,
+                                  plan.pdl, gp.cluster, p);
   };
   auto launch_bf16 = [&](const Bf16Plan& bp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
     kernels::Bf16GroupedParams p{};

@@ -39,6 +39,7 @@
 #include "bench_common.cuh"
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
+#include "moe_internal.h"
 
 using namespace fp4kit;
 using namespace fp4bench;
@@ -99,6 +100,7 @@ struct Row {
   double streamed, tflops;  // bytes the passes stream; useful TFLOP/s
   int calls, replays;       // the timing's graph size and replay count
   bool tc;                  // the tensor-core path ran
+  int gu_cluster, dn_cluster;  // decode path: CTAs per cluster of the grouped GEMMs (0: stream-K)
 };
 
 constexpr int kShortT = 64;           // T up to this: the decode-sized timing method (one graph of all routings)
@@ -227,6 +229,8 @@ int main(int argc, char** argv) {
         MoEPath taken = MoEPath::kDecode;
         CKS(moe_path(a, &taken));
         const bool tc = taken == MoEPath::kTensorCore;
+        int gu_cluster = 0, dn_cluster = 0;
+        CKS(fp4kit::detail::moe_decode_clusters(a, &gu_cluster, &dn_cluster));
         const int64_t pass_tokens = pass_tokens_of(tc, bf16);
         // Routings and their touched experts (per call, and per pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
@@ -312,7 +316,7 @@ int main(int argc, char** argv) {
                     double(T) / us * 1e6, tflops, m.calls, tc ? "tc" : "decode", nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
-                           pass_experts * per_expert, tflops, m.calls, m.replays, tc});
+                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, gu_cluster, dn_cluster});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -355,7 +359,7 @@ int main(int argc, char** argv) {
        << ", \"passes\": " << (r.T + pass_tokens_of(r.tc, r.format == "bf16") - 1) / pass_tokens_of(r.tc, r.format == "bf16") << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
-       << ", \"replays\": " << r.replays;
+       << ", \"replays\": " << r.replays << ", \"clusters\": [" << r.gu_cluster << ", " << r.dn_cluster << "]";
     if (base > 0) js << ", \"bf16_us\": " << base << ", \"speedup_vs_bf16\": " << base / r.us;
     js << "}";
   }

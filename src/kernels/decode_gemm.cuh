@@ -695,8 +695,8 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
 }
 
 // ---- Cluster mode (sm_90): the K split of a row group reduced through distributed shared memory ---------
-// A launch of row_groups x S CTAs in clusters of S (plan: S <= k_macros): cluster c is row group c, its CTA
-// z takes K slices [z * KM / S, (z + 1) * KM / S) (at least one). At the end every CTA parks its partial
+// A launch of row_groups x S CTAs in clusters of S (plan: S <= k_macros): cluster c is row group c (grouped:
+// of the (entry, row group) space; the grid covers the most entries a call can have), its CTA z takes K slices [z * KM / S, (z + 1) * KM / S) (at least one). At the end every CTA parks its partial
 // tile in its own shared memory, one cluster barrier publishes them, each CTA sums 1/S of the tile's
 // values over the S CTAs in rank order (ld.shared::cluster: deterministic) and writes those outputs, and a
 // second barrier keeps every CTA resident until its partial has been read. No workspace, no atomics, no
@@ -787,13 +787,19 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
   int64_t units, G, u_begin, u_end;
   if constexpr (kCluster) {  // one segment: this CTA's K slices of its cluster's row group (above)
-    static_assert(!kGrouped, "cluster mode is dense only");
     griddep_launch_dependents();
     units = p.units;
     G = gridDim.x;
     const int2 rs = cluster_rank_size();
     const int z = rs.x, S = rs.y;
-    const int64_t rg0 = int64_t(blockIdx.x / S) * p.k_macros;
+    const int c = int(blockIdx.x) / S;
+    if constexpr (kGrouped) {
+      // Grouped: the grid covers the most entries a call can have; clusters past the schedule's row
+      // groups leave, all their CTAs together (c is the cluster's), before any cluster barrier.
+      griddep_wait();
+      if (c >= *p.grouped.n_active * p.row_groups) return;
+    }
+    const int64_t rg0 = int64_t(c) * p.k_macros;
     u_begin = rg0 + int64_t(p.k_macros) * z / S;
     u_end = rg0 + int64_t(p.k_macros) * (z + 1) / S;
   } else if (!cta_range<kGrouped>(p, units, G, u_begin, u_end)) {

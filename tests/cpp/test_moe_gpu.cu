@@ -26,6 +26,7 @@
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
 #include "gemm_test_util.h"
+#include "moe_internal.h"
 #include "testing.h"
 
 using namespace fp4kit;
@@ -535,6 +536,64 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
   d.routing = Case::kOneExpert;  // slot 0 = 0, slot 1 = 1
   d.bad = {{2 * 2 + 1, 0}};
   check_case(d);
+}
+
+// Cluster mode of the one-token grouped GEMMs (sm_90): at T = 1 every row group the schedule can hold gets
+// a cluster of CTAs that split its K. Shapes: gpt-oss (gate_up 180 row groups over 6 K slices: clusters of
+// 2; down 92 over 6: clusters of 3) and H = 2560, I = 1600 (gate_up 100 row groups over 5 slices: clusters
+// of 3 with 1, 2 and 2 slices; down 80 over 4 slices, the last one partial: clusters of 4), with bias,
+// both formats, FP16, and a duplicate id (a NaN row; the schedule then holds fewer entries than the grid
+// covers, so whole clusters leave). The cluster sizes are asserted where the device runs clusters.
+TEST(moe_cluster_mode) {
+  int dev = 0, major = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  Case big = gpt_oss_case();
+  big.T = 1;
+  Case odd;
+  odd.T = 1;
+  odd.top_k = 4;
+  odd.E = 6;
+  odd.H = 2560;
+  odd.I = 1600;
+  odd.bias = true;
+  struct Want { Case c; int gu, dn; };
+  std::vector<Want> cases = {{big, 2, 3}, {odd, 3, 4}};
+  Case f16 = odd;
+  f16.f16 = true;
+  f16.f = Format::kNVFP4;
+  cases.push_back({f16, 3, 4});
+  Case dup = odd;
+  dup.f = Format::kNVFP4;
+  dup.routing = Case::kOneExpert;  // slot j -> expert j; slot 3 -> expert 0 again below
+  dup.bad = {{3, 0}};
+  cases.push_back({dup, 3, 4});
+  if (!quick()) {
+    Case b2 = big;
+    b2.f = Format::kNVFP4;
+    cases.push_back({b2, 2, 3});
+  }
+  for (const Want& w : cases) {
+    MoEArgs a;
+    a.tokens = w.c.T;
+    a.hidden = w.c.H;
+    a.inter = w.c.I;
+    a.num_experts = w.c.E;
+    a.top_k = w.c.top_k;
+    a.act = w.c.f16 ? DType::kF16 : DType::kBF16;
+    a.gate_up = ExpertWeights{w.c.f, 2 * w.c.I, w.c.H, nullptr, 0, nullptr};
+    a.down = ExpertWeights{w.c.f, w.c.H, w.c.I, nullptr, 0, nullptr};
+    int gu = -1, dn = -1;
+    CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn));
+    if (major >= 9) {
+      CHECK_MSG(gu == w.gu && dn == w.dn, "H=" << w.c.H << " I=" << w.c.I << ": clusters of " << gu << " / " << dn
+                                                << " CTAs, expected " << w.gu << " / " << w.dn);
+    } else {
+      CHECK_MSG(gu == 0 && dn == 0, "no clusters before sm_90 (got " << gu << " / " << dn << ")");
+    }
+    check_case(w.c);
+  }
+  if (major < 9) std::printf("  [note] moe_cluster_mode: compute capability %d: stream-K only (no clusters)\n", major);
 }
 
 // ---- the tensor-core path (sm_90a): grouped wgmma GEMMs over the experts' gathered rows -------------

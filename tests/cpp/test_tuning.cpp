@@ -173,7 +173,15 @@ TEST(analytic_default_rule) {
   CHECK_EQ(pick_config(1, 1280, 8192), id_of("m8_r1_w8_b3_c8x1_cl"));     // 10 row groups x 16 slices
   CHECK_EQ(pick_config(16, 2880, 4096), id_of("m16_r1_w8_b2_c8x2_cl"));   // 23 x 8 <= 264
   CHECK_EQ(pick_config(1, 1280, 8192, nullptr, 8), id_of("m8_r1_w8_b3_c8x1"));
-  CHECK_EQ(pick_config(1, 4096, 4096), id_of("m8_r1_w8_b3_c8x1"));         // 32 row groups
+  CHECK_EQ(pick_config(1, 4096, 4096), id_of("m8_r1_w8_b3_c8x1"));         // 32 x 8 > 5/8 of 396
+  // One-token tiles: more row groups where the units fit 5/8 of a wave; 16 tokens: not.
+  CHECK_EQ(pick_config(1, 8192, 1024), id_of("m8_r1_w8_b3_c8x1_cl"));     // 64 x 2 = 128
+  CHECK_EQ(pick_config(8, 5120, 2880), id_of("m8_r1_w8_b3_c8x1_cl"));     // 40 x 6 = 240 <= 247
+  CHECK_EQ(pick_config(16, 8192, 1024), id_of("m16_r1_w8_b2_c8x2"));
+  CHECK_EQ(pick_config(16, 5120, 2880), id_of("m16_r1_w8_b2_c8x2"));
+  CHECK_EQ(pick_config(1, 8192, 1024, nullptr, 9, 50), id_of("m8_r1_w8_b3_c8x1"));  // 128 > 5/8 of 150
+  pick_config(1, 8192, 1024, &why);
+  CHECK(why.find("5/8 of it") != std::string::npos);
   CHECK_EQ(pick_config(16, 1280, 30 * 512), id_of("m16_r1_w8_b2_c8x2"));   // 10 x 30 > 264
   CHECK_EQ(pick_config(1, 1280, 30 * 512), id_of("m8_r1_w8_b3_c8x1_cl"));  // 300 <= 396
   pick_config(1, 1280, 8192, &why);

@@ -1,0 +1,13 @@
+// moe_internal.h: what the fused MoE's plan chose, for the tests and the benchmark (not public API).
+#pragma once
+#include "fp4kit/moe.h"
+
+namespace fp4kit {
+namespace detail {
+
+// The cluster sizes of the decode path's two grouped GEMMs for these arguments (moe.cu, plan_grouped):
+// 0 where a GEMM runs stream-K (or the call takes another path), else the CTAs per cluster.
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down);
+
+}  // namespace detail
+}  // namespace fp4kit
