@@ -181,17 +181,18 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
   if (n_tiles == 1) {
     // Cluster mode where every row group the schedule can hold gets a cluster of S >= 2 CTAs within one
-    // wave: the same K cut as the balanced stream-K ranges (ceil(slices / S) slices per CTA), with the
-    // split reduced through distributed shared memory instead of the global fixup (docs/moe-notes.md:
-    // the one-token passes of gpt-oss and Qwen3 at T = 1).
+    // wave, each CTA at least two K slices: the same K cut as the balanced stream-K ranges (ceil(slices /
+    // S) slices per CTA), the split reduced through distributed shared memory instead of the global
+    // fixup. Same-run A/B at T = 1 (docs/moe-notes.md): gpt-oss (2-3 slices per CTA) 0.6-1.7% faster,
+    // Qwen3-30B-A3B (one slice per CTA) 4-6% slower, hence the two slices.
     const GroupedFn fn = grouped_cluster_kernel(w.format, act);
     int per_sm_c = 0, max_cluster = 0;
     FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), p.dense.threads,
                                                    p.dense.smem_bytes, nullptr, nullptr, &per_sm_c, &max_cluster));
     const int64_t rgs = int64_t(max_active) * p.dense.row_groups, km = p.dense.layout.k_macros;
     const int64_t s_max = std::min<int64_t>({int64_t(per_sm_c) * p.sms / rgs, max_cluster, km});
-    if (s_max >= 2) {
-      const int64_t per_cta = (km + s_max - 1) / s_max;
+    const int64_t per_cta = s_max >= 1 ? (km + s_max - 1) / s_max : km;
+    if (s_max >= 2 && per_cta >= 2) {
       p.cluster = int((km + per_cta - 1) / per_cta);
       p.grid = int(rgs * p.cluster);
       p.fn = fn;
@@ -245,6 +246,7 @@ struct MoEPlan {
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
   int block_rows = 0;      // FP4 decode path: rows per schedule entry (the grouped kernel's token tiles)
   int max_entries = 0;     // schedule entries a pass can need
+  bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
@@ -309,6 +311,9 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_entries, nt, &p.gu));
     FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, &p.dn));
     p.sms = p.gu.sms;
+    // Interleaved gate/up rows put each pair in one row group, so a gate_up in cluster mode writes the
+    // activations itself and the activation launch goes.
+    p.act_in_gate_up = p.gu.cluster > 0 && a.layout == GateUpLayout::kInterleaved;
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
@@ -457,13 +462,14 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 }
 
 namespace detail {
-Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down) {
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
   MoEPlan plan;
   FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
   const bool decode = !plan.tc && !plan.bf16;
   *gate_up = decode ? plan.gu.cluster : 0;
   *down = decode ? plan.dn.cluster : 0;
+  if (act_in_gate_up) *act_in_gate_up = decode && plan.act_in_gate_up;
   return Status::Ok();
 }
 }  // namespace detail
@@ -488,7 +494,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   int* counters = reinterpret_cast<int*>(ws + plan.counters_off);
   float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
 
-  auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y) {
+  auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y,
+                            void* act_out = nullptr) {
     const PackedLayout& l = gp.dense.layout;
     kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups);
     p.x = x;
@@ -504,6 +511,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.block_rows = plan.block_rows;
     s.offset = b.offset;
     s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
+    s.act_out = act_out;
+    s.act = a.activation;
+    s.alpha = a.alpha;
+    s.limit = a.limit;
     p.pdl = plan.pdl;
     detail::launch_kernel_cluster(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream,
                                   plan.pdl, gp.cluster, p);
@@ -598,8 +609,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       continue;
     }
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
-    else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h);
-    launch_activation(pairs);
+    else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h, plan.act_in_gate_up ? act : nullptr);
+    if (!plan.act_in_gate_up) launch_activation(pairs);
     if (plan.bf16) launch_bf16(plan.bdn, a.down, act, nullptr, o);
     else launch_grouped(plan.dn, a.down, act, nullptr, o);
     launch_combine(t0, tokens, y);

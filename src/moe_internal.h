@@ -6,8 +6,10 @@ namespace fp4kit {
 namespace detail {
 
 // The cluster sizes of the decode path's two grouped GEMMs for these arguments (moe.cu, plan_grouped):
-// 0 where a GEMM runs stream-K (or the call takes another path), else the CTAs per cluster.
-Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down);
+// 0 where a GEMM runs stream-K (or the call takes another path), else the CTAs per cluster; and (if
+// act_in_gate_up is not null) whether gate_up's cluster reduction applies the activation (no activation
+// launch).
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
 
 }  // namespace detail
 }  // namespace fp4kit

@@ -42,6 +42,7 @@
 #include "fp4kit/formats.h"
 #include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
+#include "kernels/moe_activation.cuh"
 #include "kernels/stream_k.h"
 
 namespace fp4kit {
@@ -83,6 +84,11 @@ struct GroupedSchedule {
   const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
   int block_rows;           // rows per entry at most (0: all of the expert's)
   ExpertStack experts;
+  // Cluster mode only (gate_up with interleaved gate/up rows): non-null, the reduction writes act(gate,
+  // up) of each row pair as sorted row r's element i of act_out ([rows, n / 2]) instead of y.
+  void* act_out;
+  MoEActivation act;
+  float alpha, limit;
 };
 
 struct DecodeParams {
@@ -540,6 +546,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
     q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
+    if (gs.act_out) q.grouped.act_out = static_cast<T*>(gs.act_out) + int64_t(r0) * (p.n / 2);
   }
 }
 
@@ -729,7 +736,7 @@ constexpr int kMaxCluster = 16;  // non-portable cluster size (the plan asks for
 
 // The end of a cluster-mode CTA's single segment (see above). red: shared memory for WARPS * RW * NT * 4 *
 // 32 floats (the X buffers, free after the main loop).
-template <typename T, int NT, int RW, int WARPS>
+template <typename T, int NT, int RW, int WARPS, bool kGrouped>
 __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, float* red,
                                                const float (&acc)[RW][NT][4]) {
   constexpr int kF = WARPS * RW * NT * 4 * 32;
@@ -747,11 +754,9 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
   const uint32_t red_addr = static_cast<uint32_t>(__cvta_generic_to_shared(red));
   T* y = static_cast<T*>(q.y);
   const T* bias = static_cast<const T*>(q.bias);
-  for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
-    const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;  // wr = warp * RW + r
-    const int rt = lrg * WARPS * RW + wr;
-    const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
-    if (rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+  // The value of fragment element i summed over the cluster in rank order (the same bits whatever the
+  // timing), scaled and biased.
+  auto reduced = [&](int i, int row) {
     const float2 fb = row_factors(q.out_scale, bias, row);
     float v[kMaxCluster];
 #pragma unroll
@@ -759,9 +764,36 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
       if (c < S) v[c] = ld_cluster_f32(red_addr + 4u * uint32_t(i), c);
     float sum = 0.0f;
 #pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c)  // in rank order: the same bits whatever the timing
+    for (int c = 0; c < kMaxCluster; ++c)
       if (c < S) sum += v[c];
-    y[int64_t(tok) * q.n + row] = Act<T>::from_float(sum * fb.x + fb.y);
+    return sum * fb.x + fb.y;
+  };
+  if constexpr (kGrouped) {
+    if (q.grouped.act_out) {
+      // gate_up with interleaved rows: row 2p (gate) sits at lane ln, row 2p + 1 (up) at lane ln + 4 of
+      // the same element; each even-row element of this CTA's share writes pair p's activation, rounded
+      // through T as the activation kernel reads h (moe_elementwise.cuh), so the bits are the same.
+      T* a = static_cast<T*>(q.grouped.act_out);
+      const int half_n = q.n / 2;
+      for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
+        const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;
+        const int rt = lrg * WARPS * RW + wr;
+        const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+        if ((ln & 4) || rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+        const float g = Elem<T>::load(Act<T>::from_float(reduced(i, row)));
+        const float u = Elem<T>::load(Act<T>::from_float(reduced(i + 4, row + 1)));
+        a[int64_t(tok) * half_n + row / 2] = Elem<T>::store(activate(g, u, q.grouped.act, q.grouped.alpha, q.grouped.limit));
+      }
+      cluster_sync_all();  // no CTA leaves while another reads its shared memory
+      return;
+    }
+  }
+  for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
+    const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;  // wr = warp * RW + r
+    const int rt = lrg * WARPS * RW + wr;
+    const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+    if (rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+    y[int64_t(tok) * q.n + row] = Act<T>::from_float(reduced(i, row));
   }
   cluster_sync_all();  // no CTA leaves while another reads its shared memory
 }
@@ -888,13 +920,19 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     }
     decode_trace(seg == 0 ? 2 : 5);
 
+    // Grouped cluster launches always reduce in the cluster (a cluster of one included): the reduction
+    // is where gate_up's activation can be applied (finish_cluster).
+    if constexpr (kCluster && kGrouped) {
+      finish_cluster<T, NT, RW, WARPS, kGrouped>(q, lrg, reinterpret_cast<float*>(x_smem_raw), acc);
+      continue;
+    }
     if ((j0 == 0 && j1 == p.k_macros) || decode_ablate(kAblateFixup)) {  // the whole K: finish here
       epilogue<T, NT, RW>(q, rt, g, t, acc);
       if (seg == 0) decode_trace(4);
       continue;
     }
     if constexpr (kCluster) {
-      finish_cluster<T, NT, RW, WARPS>(q, lrg, reinterpret_cast<float*>(x_smem_raw), acc);
+      finish_cluster<T, NT, RW, WARPS, kGrouped>(q, lrg, reinterpret_cast<float*>(x_smem_raw), acc);
       continue;
     }
     finish_split<T, NT, RW, WARPS>(p, q, b, G, units, rg, first_rg, rt, g, t, acc, &s_last, [] { __syncthreads(); },

@@ -539,39 +539,49 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
 }
 
 // Cluster mode of the one-token grouped GEMMs (sm_90): at T = 1 every row group the schedule can hold gets
-// a cluster of CTAs that split its K. Shapes: gpt-oss (gate_up 180 row groups over 6 K slices: clusters of
-// 2; down 92 over 6: clusters of 3) and H = 2560, I = 1600 (gate_up 100 row groups over 5 slices: clusters
-// of 3 with 1, 2 and 2 slices; down 80 over 4 slices, the last one partial: clusters of 4), with bias,
-// both formats, FP16, and a duplicate id (a NaN row; the schedule then holds fewer entries than the grid
-// covers, so whole clusters leave). The cluster sizes are asserted where the device runs clusters.
+// a cluster of CTAs that split its K (at least two slices each). Shapes: gpt-oss (gate_up 180 row groups
+// over 6 K slices: clusters of 2; down 92 over 6: clusters of 3) and H = 2560, I = 2400 (gate_up 152 row
+// groups over 5 slices: clusters of 2 with 2 and 3 slices; down 80 over 5 slices, the last one partial:
+// clusters of 3 with 1, 2 and 2). With interleaved gate/up rows gate_up's reduction also applies the
+// activation (no activation launch): SwiGLU with bias (gpt-oss), silu, FP16 with gate_up outputs past
+// the FP16 range (saturated as the activation kernel does), a duplicate id (a NaN row; the schedule then
+// holds fewer entries than the grid covers, so whole clusters leave); concatenated rows keep the
+// activation launch. The plan's choices are asserted where the device runs clusters.
 TEST(moe_cluster_mode) {
   int dev = 0, major = 0;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  Case big = gpt_oss_case();
+  Case big = gpt_oss_case();  // interleaved SwiGLU, bias
   big.T = 1;
   Case odd;
   odd.T = 1;
   odd.top_k = 4;
   odd.E = 6;
   odd.H = 2560;
-  odd.I = 1600;
-  odd.bias = true;
-  struct Want { Case c; int gu, dn; };
-  std::vector<Want> cases = {{big, 2, 3}, {odd, 3, 4}};
-  Case f16 = odd;
+  odd.I = 2400;
+  odd.bias = true;  // concatenated silu: cluster mode, activation launch kept
+  struct Want { Case c; int gu, dn; bool act; };
+  std::vector<Want> cases = {{big, 2, 3, true}, {odd, 2, 3, false}};
+  Case f16 = big;
   f16.f16 = true;
+  f16.huge_bias = true;
   f16.f = Format::kNVFP4;
-  cases.push_back({f16, 3, 4});
+  cases.push_back({f16, 2, 3, true});
   Case dup = odd;
   dup.f = Format::kNVFP4;
+  dup.layout = GateUpLayout::kInterleaved;
   dup.routing = Case::kOneExpert;  // slot j -> expert j; slot 3 -> expert 0 again below
   dup.bad = {{3, 0}};
-  cases.push_back({dup, 3, 4});
+  cases.push_back({dup, 2, 3, true});
   if (!quick()) {
     Case b2 = big;
     b2.f = Format::kNVFP4;
-    cases.push_back({b2, 2, 3});
+    cases.push_back({b2, 2, 3, true});
+    Case o2 = odd;
+    o2.layout = GateUpLayout::kInterleaved;
+    o2.act = MoEActivation::kSwigluOAI;
+    o2.f16 = true;
+    cases.push_back({o2, 2, 3, true});
   }
   for (const Want& w : cases) {
     MoEArgs a;
@@ -581,15 +591,19 @@ TEST(moe_cluster_mode) {
     a.num_experts = w.c.E;
     a.top_k = w.c.top_k;
     a.act = w.c.f16 ? DType::kF16 : DType::kBF16;
+    a.layout = w.c.layout;
+    a.activation = w.c.act;
     a.gate_up = ExpertWeights{w.c.f, 2 * w.c.I, w.c.H, nullptr, 0, nullptr};
     a.down = ExpertWeights{w.c.f, w.c.H, w.c.I, nullptr, 0, nullptr};
     int gu = -1, dn = -1;
-    CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn));
+    bool act = false;
+    CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, &act));
     if (major >= 9) {
-      CHECK_MSG(gu == w.gu && dn == w.dn, "H=" << w.c.H << " I=" << w.c.I << ": clusters of " << gu << " / " << dn
-                                                << " CTAs, expected " << w.gu << " / " << w.dn);
+      CHECK_MSG(gu == w.gu && dn == w.dn && act == w.act,
+                "H=" << w.c.H << " I=" << w.c.I << ": clusters of " << gu << " / " << dn << " CTAs, activation in gate_up "
+                     << act << "; expected " << w.gu << " / " << w.dn << ", " << w.act);
     } else {
-      CHECK_MSG(gu == 0 && dn == 0, "no clusters before sm_90 (got " << gu << " / " << dn << ")");
+      CHECK_MSG(gu == 0 && dn == 0 && !act, "no clusters before sm_90 (got " << gu << " / " << dn << ")");
     }
     check_case(w.c);
   }
