@@ -181,20 +181,22 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
   if (n_tiles == 1) {
     // Cluster mode where every row group the schedule can hold gets a cluster of S >= 2 CTAs within one
-    // wave, each CTA at least two K slices and no more than the balanced stream-K ranges would give it:
+    // wave, each CTA two or three K slices and no more than the balanced stream-K ranges would give it:
     // the same cut (ceil(slices / S) slices per CTA), the split reduced through distributed shared memory
     // instead of the global fixup. Same-run A/B at T = 1 (docs/moe-notes.md): gpt-oss (2-3 slices per
-    // CTA) 0.6-1.7% faster; Qwen3-30B-A3B 4-6% slower where its gate_up clusters took 2 slices per CTA
-    // against stream-K's 1 (half the CTAs).
+    // CTA) 0.6-1.7% faster, 4-6% with the activation in gate_up's reduction; Qwen3-30B-A3B 4-6% slower
+    // where its gate_up clusters took 2 slices per CTA against stream-K's 1 (half the CTAs); Mixtral's
+    // down (5 slices per CTA, the same cut as stream-K) 5-7% slower.
     const GroupedFn fn = grouped_cluster_kernel(w.format, act);
     int per_sm_c = 0, max_cluster = 0;
     FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), p.dense.threads,
                                                    p.dense.smem_bytes, nullptr, nullptr, &per_sm_c, &max_cluster));
     const int64_t rgs = int64_t(max_active) * p.dense.row_groups, km = p.dense.layout.k_macros;
     const int64_t s_max = std::min<int64_t>({int64_t(per_sm_c) * p.sms / rgs, max_cluster, km});
+    constexpr int64_t kMaxSlicesPerCta = 3;
     const int64_t per_cta = s_max >= 1 ? (km + s_max - 1) / s_max : km;
     const int64_t resident = int64_t(per_sm) * p.sms, stream_k_share = (max_units + resident - 1) / resident;
-    if (s_max >= 2 && per_cta >= 2 && per_cta <= stream_k_share) {
+    if (s_max >= 2 && per_cta >= 2 && per_cta <= std::min<int64_t>(kMaxSlicesPerCta, stream_k_share)) {
       p.cluster = int((km + per_cta - 1) / per_cta);
       p.grid = int(rgs * p.cluster);
       p.fn = fn;
