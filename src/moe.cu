@@ -11,7 +11,10 @@
 //   2. gate_up    FP4 experts: the decode kernel in grouped mode (decode_gemm.cuh): stream-K over the
 //                 entries' (row group, K slice) units only, read from the device, so every SM streams and
 //                 each touched expert's weights are read once per entry (once for all but the experts
-//                 far above the mean). BF16 experts: the grouped
+//                 far above the mean). At T ~ 1 on Hopper (plan_grouped: every schedule row group a
+//                 cluster of CTAs within one wave, two or three K slices each) in cluster mode instead:
+//                 the K split reduced in distributed shared memory, and with interleaved gate/up rows
+//                 the activation applied there (step 3 is then not launched). BF16 experts: the grouped
 //                 BF16 GEMV (moe_bf16_gemm.cuh), one warp per 16-row tile over the whole K, tiles of the
 //                 active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
 //   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out;
