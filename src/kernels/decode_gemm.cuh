@@ -702,8 +702,9 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
 }
 
 // ---- Cluster mode (sm_90): the K split of a row group reduced through distributed shared memory ---------
-// A launch of row_groups x S CTAs in clusters of S (plan: S <= k_macros): cluster c is row group c (grouped:
-// of the (entry, row group) space; the grid covers the most entries a call can have), its CTA z takes K slices [z * KM / S, (z + 1) * KM / S) (at least one). At the end every CTA parks its partial
+// A launch of row_groups x S CTAs in clusters of S (plan: S <= k_macros): cluster c is row group c
+// (grouped: of the (entry, row group) space; the grid covers the most entries a call can have), its CTA z
+// takes K slices [z * KM / S, (z + 1) * KM / S) (at least one). At the end every CTA parks its partial
 // tile in its own shared memory, one cluster barrier publishes them, each CTA sums 1/S of the tile's
 // values over the S CTAs in rank order (ld.shared::cluster: deterministic) and writes those outputs, and a
 // second barrier keeps every CTA resident until its partial has been read. No workspace, no atomics, no
@@ -754,6 +755,15 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
   const uint32_t red_addr = static_cast<uint32_t>(__cvta_generic_to_shared(red));
   T* y = static_cast<T*>(q.y);
   const T* bias = static_cast<const T*>(q.bias);
+  // Fragment element i (i & 31: lane, bits 5-6: accumulator, then token tile and warp x row tile): its
+  // output row and token; false where they lie outside the problem.
+  auto coords = [&](int i, int& row, int& tok) {
+    const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;  // wr = warp * RW + r
+    const int rt = lrg * WARPS * RW + wr;
+    row = rt * 16 + (ln >> 2) + 8 * (e >> 1);
+    tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+    return rt < q.row_tiles && row < q.n && tok < q.m;
+  };
   // The value of fragment element i summed over the cluster in rank order (the same bits whatever the
   // timing), scaled and biased.
   auto reduced = [&](int i, int row) {
@@ -776,10 +786,8 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
       T* a = static_cast<T*>(q.grouped.act_out);
       const int half_n = q.n / 2;
       for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
-        const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;
-        const int rt = lrg * WARPS * RW + wr;
-        const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
-        if ((ln & 4) || rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+        int row, tok;
+        if ((i & 4) || !coords(i, row, tok)) continue;
         const float g = Elem<T>::load(Act<T>::from_float(reduced(i, row)));
         const float u = Elem<T>::load(Act<T>::from_float(reduced(i + 4, row + 1)));
         a[int64_t(tok) * half_n + row / 2] = Elem<T>::store(activate(g, u, q.grouped.act, q.grouped.alpha, q.grouped.limit));
@@ -789,10 +797,8 @@ __device__ __forceinline__ void finish_cluster(const DecodeParams& q, int lrg, f
     }
   }
   for (int i = z * kF / S + int(threadIdx.x); i < (z + 1) * kF / S; i += blockDim.x) {
-    const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, wr = (i >> 7) / NT;  // wr = warp * RW + r
-    const int rt = lrg * WARPS * RW + wr;
-    const int row = rt * 16 + (ln >> 2) + 8 * (e >> 1), tok = 8 * nt + 2 * (ln & 3) + (e & 1);
-    if (rt >= q.row_tiles || row >= q.n || tok >= q.m) continue;
+    int row, tok;
+    if (!coords(i, row, tok)) continue;
     y[int64_t(tok) * q.n + row] = Act<T>::from_float(reduced(i, row));
   }
   cluster_sync_all();  // no CTA leaves while another reads its shared memory
