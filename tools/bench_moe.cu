@@ -20,7 +20,8 @@
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
 // same way (n * k * 2 per matrix). --path forces fused_moe's path (MoEArgs::path; each row records the path
-// taken, and passes and streamed bytes follow that path's pass size). --tile sets MoEArgs::token_tile, the
+// taken, and passes and streamed bytes follow that path's pass size; on the decode path `clusters` gives the
+// CTAs per cluster of the gate_up and down GEMMs, 0 where they run stream-K). --tile sets MoEArgs::token_tile, the
 // tensor-core path's token tile (0: chosen; rows record it as token_tile). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
 // re-seeded per model and format).
@@ -313,7 +314,11 @@ int main(int argc, char** argv) {
         const double tflops = flops / (us * 1e-6) / 1e12;
         std::printf("%-14s %-6s %5lld %10.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f %8.1f %5d %s%s\n", sh.model.c_str(),
                     fname.c_str(), (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25,
-                    double(T) / us * 1e6, tflops, m.calls, tc ? "tc" : "decode", nonfinite ? "  NONFINITE" : "");
+                    double(T) / us * 1e6, tflops, m.calls,
+                    tc ? "tc" : gu_cluster || dn_cluster ? ("decode cl " + std::to_string(gu_cluster) + "/" +
+                                                             std::to_string(dn_cluster)).c_str()
+                                                          : "decode",
+                    nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
                            pass_experts * per_expert, tflops, m.calls, m.replays, tc, gu_cluster, dn_cluster});

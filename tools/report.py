@@ -259,7 +259,9 @@ def moe_table(runs):
                    f"| TFLOP/s (% of {MOE_TENSOR_PEAK:.0f}) |" + extra)
         out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if paths else "") + ("---:|" if vs else ""))
         for r in d["rows"]:
-            sp = f" {r.get('path', '').replace('_', ' ')} |" if paths else ""
+            cl = r.get("clusters", [0, 0])  # decode path: CTAs per cluster of gate_up / down (0: stream-K)
+            path = r.get("path", "").replace("_", " ") + (f" (clusters {cl[0]} / {cl[1]})" if any(cl) else "")
+            sp = f" {path} |" if paths else ""
             if vs:
                 sp += f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
             out.append(f"| {r['model']} | {r['E']} / {r['top_k']} | {r['H']} x {r['I']} | {r['format']} | {r['T']} | "
