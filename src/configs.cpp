@@ -151,21 +151,17 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   // pick (same ring, the K split reduced in distributed shared memory) is faster there (configs.h).
   const int64_t rg = cdiv(cdiv(n, 16), int64_t(pick->warps) * pick->row_tiles), slices = k_slices(k);
   const int64_t wave = int64_t(sms) * pick->min_blocks;
-  const bool few = rg <= kClusterMaxRowGroups || (pick->n_tiles == 1 && 8 * rg * slices <= kClusterOneTileWaveEighths * wave);
-  if (cc_major == 9 && !large && few && rg * slices <= wave)
-    for (int i = 0; i < kNumKernelConfigs; ++i) {
-      const KernelConfig& c = kKernelConfigs[i];
-      if (c.pipeline == kCluster && c.n_tiles == pick->n_tiles && c.row_tiles == pick->row_tiles &&
-          c.warps == pick->warps && c.min_blocks == pick->min_blocks && c.chunks == pick->chunks &&
-          c.stages == pick->stages) {
-        if (why)
-          *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
-                 "; " + std::to_string(rg) + " row groups x " + std::to_string(slices) +
-                 " K slices fit one wave" + (rg <= kClusterMaxRowGroups ? "" : " (5/8 of it, one-token tiles)") +
-                 ": the first entry's cluster twin)";
-        return c.id;
-      }
-    }
+  const bool few = rg <= kClusterMaxRowGroups ||
+                   (pick->n_tiles == 1 && 8 * rg * slices <= kClusterOneTileWaveEighths * wave);
+  const int twin = cluster_twin(int(pick - kKernelConfigs));
+  if (cc_major == 9 && !large && few && rg * slices <= wave && twin >= 0) {
+    const KernelConfig& c = kKernelConfigs[twin];
+    if (why)
+      *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
+             "; " + std::to_string(rg) + " row groups x " + std::to_string(slices) + " K slices fit one wave" +
+             (rg <= kClusterMaxRowGroups ? "" : " (5/8 of it, one-token tiles)") + ": the first entry's cluster twin)";
+    return c.id;
+  }
   if (why)
     *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +

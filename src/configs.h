@@ -140,6 +140,20 @@ inline constexpr KernelConfig kKernelConfigs[] = {
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
+// The cluster twin of ring entry `ring` (its index in kKernelConfigs): the kCluster entry with the same
+// shape fields (same kernel, its K split reduced in a thread-block cluster); -1 where the table has none.
+// pick_config's cluster rule and the fused MoE's grouped cluster mode both run the twin of their pick.
+constexpr int cluster_twin(int ring) {
+  const KernelConfig& r = kKernelConfigs[ring];
+  for (int i = 0; i < kNumKernelConfigs; ++i) {
+    const KernelConfig& c = kKernelConfigs[i];
+    if (c.pipeline == kCluster && c.n_tiles == r.n_tiles && c.row_tiles == r.row_tiles && c.warps == r.warps &&
+        c.min_blocks == r.min_blocks && c.chunks == r.chunks && c.stages == r.stages)
+      return i;
+  }
+  return -1;
+}
+
 // The table (static storage, `count` entries).
 const KernelConfig* kernel_configs(int* count);
 const KernelConfig* find_config(int id);

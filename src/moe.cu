@@ -87,16 +87,7 @@ constexpr int grouped_index(int n_tiles) {
 }
 // The cluster twin of the one-token-tile entry (cluster mode, sm_90): a schedule entry's row group with
 // its K split over a thread-block cluster, reduced in distributed shared memory (decode_gemm.cuh).
-constexpr int grouped_cluster_index() {
-  const KernelConfig& r = kKernelConfigs[grouped_index(1)];
-  for (int i = 0; i < kNumKernelConfigs; ++i) {
-    const KernelConfig& c = kKernelConfigs[i];
-    if (c.pipeline == kCluster && c.n_tiles == 1 && c.row_tiles == r.row_tiles && c.warps == r.warps &&
-        c.min_blocks == r.min_blocks && c.chunks == r.chunks && c.stages == r.stages)
-      return i;
-  }
-  return -1;
-}
+constexpr int grouped_cluster_index() { return cluster_twin(grouped_index(1)); }
 static_assert(grouped_cluster_index() >= 0, "the config table has no cluster twin of the one-token-tile entry");
 // The tensor-core path's entry for a token tile: the table's unsplit prefill entry of that tile with the
 // most CTAs per SM (the first of equals). 64-token tiles thus run two CTAs per SM (p64_w8_s4_b2: 14% faster

@@ -187,6 +187,11 @@ TEST(analytic_default_rule) {
   pick_config(1, 1280, 8192, &why);
   CHECK(why.find("cluster twin") != std::string::npos);
   CHECK(!config_supported(*find_config(id_of("m8_r1_w8_b3_c8x1_cl")), 8));
+  // The twin lookup both cluster users share: the ring entries' twins, none for the others.
+  auto index_of = [](const char* name) { return int(find_config(id_of(name)) - kKernelConfigs); };
+  CHECK_EQ(cluster_twin(index_of("m8_r1_w8_b3_c8x1")), index_of("m8_r1_w8_b3_c8x1_cl"));
+  CHECK_EQ(cluster_twin(index_of("m16_r1_w8_b2_c8x2")), index_of("m16_r1_w8_b2_c8x2_cl"));
+  CHECK_EQ(cluster_twin(index_of("m64_r2_w8_b1_c8x1")), -1);
 }
 
 TEST(analytic_default_split_k) {
