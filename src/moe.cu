@@ -55,6 +55,8 @@
 #include "configs.h"
 #include "prefill.h"
 #include "repack_common.h"
+#include "routing_common.h"
+#include "routing_internal.h"
 
 namespace fp4kit {
 namespace {
@@ -247,7 +249,7 @@ struct MoEPlan {
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
-  size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
+  size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, route_off = 0, total = 0;
   size_t counters_bytes = 0;
 };
 
@@ -341,6 +343,10 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     off += std::max(size_t(p.gu.grid) * 2 * detail::partial_slot_bytes(*p.gu.dense.cfg),
                     size_t(p.dn.grid) * 2 * detail::partial_slot_bytes(*p.dn.dense.cfg));
   }
+  // Routing from logits: ids and weights of every token (all passes), written before the first pass.
+  off = align256(off);
+  p.route_off = off;
+  if (a.routing.mode != RoutingMode::kNone) off += 2 * align256(size_t(a.tokens) * size_t(a.top_k) * 4);
   p.total = align256(off);
   *out = p;
   return Status::Ok();
@@ -421,6 +427,8 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
     return Status::Invalid("path: must be MoEPath::kAuto, kDecode or kTensorCore (got " + std::to_string(int(a.path)) + ")");
   if (a.token_tile != 0 && a.token_tile != 64 && a.token_tile != 128 && a.token_tile != 256)
     return Status::Invalid("token_tile: must be 0 (chosen), 64, 128 or 256 (got " + std::to_string(a.token_tile) + ")");
+  if (a.routing.mode != RoutingMode::kNone)
+    FP4KIT_RETURN_IF_ERROR(detail::check_routing_shape(a.routing.mode, a.num_experts, a.top_k, "routing"));
   return make_moe_plan(a, plan);
 }
 
@@ -431,8 +439,15 @@ Status validate(const MoEArgs& a, MoEPlan* plan) {
   FP4KIT_RETURN_IF_ERROR(check_expert_data(a.down, "down"));
   if (!a.x || !aligned16(a.x)) return Status::Invalid("x: must be a non-null, 16-byte aligned pointer");
   if (!a.y || !aligned16(a.y)) return Status::Invalid("y: must be a non-null, 16-byte aligned pointer");
-  if (!a.topk_ids) return Status::Invalid("topk_ids: must not be null");
-  if (!a.topk_weights) return Status::Invalid("topk_weights: must not be null");
+  if (a.routing.mode == RoutingMode::kNone) {
+    if (!a.topk_ids) return Status::Invalid("topk_ids: must not be null (or route from logits: routing.mode)");
+    if (!a.topk_weights) return Status::Invalid("topk_weights: must not be null (or route from logits: routing.mode)");
+  } else {
+    FP4KIT_RETURN_IF_ERROR(detail::check_routing(a.routing, a.tokens, a.num_experts, a.top_k, "routing"));
+    if (a.topk_ids || a.topk_weights)
+      return Status::Invalid("topk_ids, topk_weights: must be null when routing from logits (routing.mode is set; "
+                             "route() gives the ids and weights)");
+  }
   const char* xb = static_cast<const char*>(a.x);
   const char* yb = static_cast<const char*>(a.y);
   const int64_t bytes = a.tokens * a.hidden * 2;
@@ -493,6 +508,16 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   void* o = ws + plan.o_off;
   int* counters = reinterpret_cast<int*>(ws + plan.counters_off);
   float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
+  // Routing from logits: every token's ids and weights into the workspace first.
+  const int32_t* topk_ids = a.topk_ids;
+  const float* topk_weights = a.topk_weights;
+  if (a.routing.mode != RoutingMode::kNone) {
+    int32_t* ids = reinterpret_cast<int32_t*>(ws + plan.route_off);
+    float* wts = reinterpret_cast<float*>(ws + plan.route_off + align256(size_t(a.tokens) * size_t(a.top_k) * 4));
+    detail::launch_route(a.routing, a.tokens, E, a.top_k, ids, wts, stream, plan.pdl);
+    topk_ids = ids;
+    topk_weights = wts;
+  }
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y,
                             void* act_out = nullptr) {
@@ -557,7 +582,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
                             len, plan.tc, a.down.format, a.activation, a.layout, a.alpha, a.limit);
   };
   auto launch_combine = [&](int64_t t0, int tokens, void* y) {
-    const float* w = a.topk_weights + t0 * a.top_k;
+    const float* w = topk_weights + t0 * a.top_k;
     const int* rop = b.row_of_pair;
     const int hidden = int(a.hidden);
     const dim3 grid = ew_grid(tokens, hidden);
@@ -594,7 +619,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl,
-                          a.topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, plan.block_rows,
+                          topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, plan.block_rows,
                           b, counters,
                           int(plan.counters_bytes / sizeof(int)));
     if (plan.tc) {

@@ -9,6 +9,10 @@
 // Contract:
 //   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16 or kF16; BF16 experts: kBF16 only), 16-byte
 //     aligned; topk_ids int32 [T, top_k] and topk_weights float32 [T, top_k], device memory.
+//   - Or routing from router logits [T, E] (MoEArgs::routing, fp4kit/routing.h: softmax top-k, or
+//     DeepSeek-V3's sigmoid grouped top-k): topk_ids and topk_weights then stay null, the layer routes
+//     into its workspace first (one more launch; E <= kRoutingMaxExperts, top_k <= kRoutingMaxTopK).
+//     Call route() for the ids and weights themselves.
 //   - Experts, one of two kinds (ExpertWeights::kind; gate_up and down of the same kind):
 //       kFP4:  each of the E experts' matrices prepacked (prepack_*) for the same (format, n, k), stored
 //              `stride` bytes apart from `data` (256-byte aligned; stride a multiple of 256, at least
@@ -55,6 +59,7 @@
 #include <cstdint>
 
 #include "fp4kit/formats.h"
+#include "fp4kit/routing.h"
 #include "fp4kit/status.h"
 
 typedef struct CUstream_st* cudaStream_t;
@@ -126,6 +131,8 @@ struct MoEArgs {
   // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256; 0 (default) chooses from the
   // average tokens per routed expert. Ignored on the decode path.
   int token_tile = 0;
+  // Routing from router logits (mode kNone: topk_ids / topk_weights as given).
+  Routing routing;
 };
 
 // Checks every argument (the messages name the argument and the rule).

@@ -20,11 +20,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/routing.h"
 #include "gemm_test_util.h"
 #include "moe_internal.h"
 #include "testing.h"
@@ -833,6 +835,323 @@ TEST(moe_bf16_validator_messages) {
   b = a;
   b.workspace = nullptr;
   CHECK_ERROR(moe_validate(b), "workspace: must be a non-null, 16-byte aligned pointer");
+}
+
+// ---- routing from router logits (fp4kit/routing.h) ---------------------------------------------------
+
+// Whether (ids, w) of one token is a correct routing of logits `lg` under `r` (fp4kit/routing.h), checked
+// from the definitions in fp64, independently of any sort: selection keys may tie within `eps` (the
+// kernel's fp32 sigmoid against fp64), where either choice is right. Appends what is wrong to `why`.
+bool routing_valid(const Routing& r, const std::vector<double>& lg, int k, const int32_t* ids, const float* w,
+                   std::string* why) {
+  const int E = int(lg.size());
+  const double eps = 1e-5;
+  std::ostringstream os;
+  std::vector<bool> taken(size_t(E), false);
+  for (int j = 0; j < k; ++j) {
+    if (ids[j] < 0 || ids[j] >= E || taken[size_t(ids[j])]) {
+      os << "slot " << j << ": id " << ids[j] << " out of range or repeated";
+      *why = os.str();
+      return false;
+    }
+    taken[size_t(ids[j])] = true;
+  }
+  const bool sg = r.mode == RoutingMode::kSigmoidGroupedTopK;
+  std::vector<double> key(lg.size()), score(lg.size());
+  for (int e = 0; e < E; ++e) {
+    score[size_t(e)] = sg ? 1.0 / (1.0 + std::exp(-lg[size_t(e)])) : lg[size_t(e)];
+    key[size_t(e)] = score[size_t(e)] + (sg && r.correction_bias ? double(r.correction_bias[e]) : 0.0);
+  }
+  const double tol = sg ? eps : 0.0;  // softmax keys are the exact logits
+  // Groups: every chosen expert in a group no worse than the topk_group-th; experts of groups surely kept
+  // (better than every dropped one by eps) compete with the chosen ones.
+  const int ng = sg ? r.n_group : 1, gsize = E / ng, keep = sg ? r.topk_group : 1;
+  std::vector<double> gkey(static_cast<size_t>(ng));
+  for (int g = 0; g < ng; ++g) {
+    std::vector<double> v(key.begin() + g * gsize, key.begin() + (g + 1) * gsize);
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    gkey[size_t(g)] = gsize == 1 ? v[0] : v[0] + v[1];
+  }
+  std::vector<double> gs(gkey);
+  std::sort(gs.begin(), gs.end(), std::greater<double>());
+  const double g_cut = gs[size_t(keep - 1)];
+  const double g_next = keep < ng ? gs[size_t(keep)] : -INFINITY;
+  double min_chosen = INFINITY;
+  for (int j = 0; j < k; ++j) {
+    const int e = ids[j];
+    if (gkey[size_t(e / gsize)] < g_cut - 2 * tol) os << "slot " << j << ": expert " << e << " of a dropped group; ";
+    if (j > 0 && (key[size_t(e)] > key[size_t(ids[j - 1])] + tol ||
+                  (tol == 0.0 && key[size_t(e)] == key[size_t(ids[j - 1])] && e < ids[j - 1])))
+      os << "slot " << j << ": not in descending order (ties to the lower id); ";
+    min_chosen = std::min(min_chosen, key[size_t(e)]);
+  }
+  for (int e = 0; e < E; ++e) {
+    const bool surely_kept = gkey[size_t(e / gsize)] > g_next + 2 * tol;
+    if (!taken[size_t(e)] && surely_kept && key[size_t(e)] > min_chosen + tol)
+      os << "expert " << e << " (key " << key[size_t(e)] << ") beats a chosen one (" << min_chosen << "); ";
+  }
+  // Weights from the chosen ids.
+  double sum = 0.0;
+  if (sg) {
+    for (int j = 0; j < k; ++j) sum += score[size_t(ids[j])];
+  } else {
+    const double mx = *std::max_element(lg.begin(), lg.end());
+    for (int e = 0; e < E; ++e)
+      if (!r.renormalize || taken[size_t(e)]) sum += std::exp(lg[size_t(e)] - mx);
+    for (int j = 0; j < k; ++j) score[size_t(ids[j])] = std::exp(lg[size_t(ids[j])] - mx);
+  }
+  for (int j = 0; j < k; ++j) {
+    const double s = score[size_t(ids[j])];
+    const double want = (sg ? (r.renormalize ? s / sum : s) * r.routed_scaling_factor : s / sum);
+    if (!(std::fabs(double(w[j]) - want) <= 1e-5 * std::max(1.0, std::fabs(want))))
+      os << "slot " << j << ": weight " << w[j] << ", expected " << want << "; ";
+  }
+  *why = os.str();
+  return why->empty();
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~DevBuf() { cudaFree(p); }
+  template <typename T> T* as() const { return static_cast<T*>(p); }
+};
+
+// Random logits of `dt` (normal, sd 2; token 0 of each call also gets exact ties), one NaN token where
+// T > 3; route() against the definitions, and against route_cpu where the keys are exact (softmax).
+TEST(route_matches_definitions) {
+  struct RC { RoutingMode mode; int E, k, n_group, topk_group; bool bias, renorm; float rsf; };
+  std::vector<RC> rcs = {
+      {RoutingMode::kSoftmaxTopK, 128, 4, 1, 1, false, true, 1.0f},     // gpt-oss
+      {RoutingMode::kSoftmaxTopK, 8, 2, 1, 1, false, true, 1.0f},       // Mixtral
+      {RoutingMode::kSoftmaxTopK, 128, 8, 1, 1, false, false, 1.0f},    // Qwen3 without renormalization
+      {RoutingMode::kSoftmaxTopK, 1024, 32, 1, 1, false, true, 1.0f},   // the limits
+      {RoutingMode::kSoftmaxTopK, 3, 1, 1, 1, false, false, 1.0f},
+      {RoutingMode::kSigmoidGroupedTopK, 256, 8, 8, 4, true, true, 2.5f},  // DeepSeek-V3
+      {RoutingMode::kSigmoidGroupedTopK, 256, 8, 8, 8, false, true, 1.0f}, // every group kept
+      {RoutingMode::kSigmoidGroupedTopK, 64, 6, 64, 6, true, false, 1.5f}, // groups of one
+      {RoutingMode::kSigmoidGroupedTopK, 1024, 32, 32, 3, true, true, 1.0f},
+      {RoutingMode::kSigmoidGroupedTopK, 40, 3, 5, 2, true, true, 16.0f}};  // n_group not a power of two
+  const std::vector<int64_t> Ts = quick() ? std::vector<int64_t>{1, 37} : std::vector<int64_t>{1, 5, 37, 1001};
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
+  for (const RC& rc : rcs)
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int64_t T : Ts) {
+        const int E = rc.E, k = rc.k;
+        std::vector<float> lgf(size_t(T * E));
+        for (auto& v : lgf) v = nd(rng());
+        for (int e = 0; e < E; ++e) lgf[size_t(e)] = float((e * 7) % 5);  // token 0: ties everywhere
+        if (T > 3) lgf[size_t(2 * E + E / 2)] = NAN;                      // token 2: a NaN logit
+        std::vector<uint16_t> lgh(lgf.size());
+        std::vector<double> lgd(lgf.size());
+        for (size_t i = 0; i < lgf.size(); ++i) {
+          if (dt == DType::kF32) {
+            lgd[i] = lgf[i];
+          } else {
+            lgh[i] = fp4test::to_bits(lgf[i], dt == DType::kBF16);
+            lgd[i] = fp4test::from_bits(lgh[i], dt == DType::kBF16);
+          }
+        }
+        std::vector<float> bias(static_cast<size_t>(E));
+        for (auto& v : bias) v = ub(rng());
+        const size_t lg_bytes = lgf.size() * size_t(dtype_bytes(dt));
+        DevBuf dlg(lg_bytes), dbias(size_t(E) * 4), dids(size_t(T * k) * 4), dw(size_t(T * k) * 4);
+        CUDA_OK(cudaMemcpy(dlg.p, dt == DType::kF32 ? static_cast<const void*>(lgf.data()) : lgh.data(), lg_bytes,
+                           cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dbias.p, bias.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(dids.p, 0x7F, size_t(T * k) * 4));  // poisoned
+        CUDA_OK(cudaMemset(dw.p, 0xFF, size_t(T * k) * 4));
+        RouteArgs a;
+        a.tokens = T;
+        a.num_experts = E;
+        a.top_k = k;
+        a.routing.mode = rc.mode;
+        a.routing.logits = dlg.p;
+        a.routing.logits_dtype = dt;
+        a.routing.renormalize = rc.renorm;
+        if (rc.mode == RoutingMode::kSigmoidGroupedTopK) {
+          a.routing.n_group = rc.n_group;
+          a.routing.topk_group = rc.topk_group;
+          a.routing.routed_scaling_factor = rc.rsf;
+          a.routing.correction_bias = rc.bias ? dbias.as<float>() : nullptr;
+        }
+        a.topk_ids = dids.as<int32_t>();
+        a.topk_weights = dw.as<float>();
+        CHECK_OK(route(a, nullptr));
+        std::vector<int32_t> ids(size_t(T * k));
+        std::vector<float> w(size_t(T * k));
+        CUDA_OK(cudaMemcpy(ids.data(), dids.p, ids.size() * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost));
+        // The reference on the host copy.
+        Routing hr = a.routing;
+        hr.logits = dt == DType::kF32 ? static_cast<const void*>(lgf.data()) : lgh.data();
+        hr.correction_bias = a.routing.correction_bias ? bias.data() : nullptr;
+        std::vector<int32_t> rids(ids.size());
+        std::vector<float> rw(w.size());
+        RouteArgs ha = a;
+        ha.routing = hr;
+        ha.topk_ids = rids.data();
+        ha.topk_weights = rw.data();
+        CHECK_OK(route_cpu(ha));
+        int bad = 0;
+        std::string first;
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t* ti = ids.data() + t * k;
+          const float* tw = w.data() + t * k;
+          const std::vector<double> tl(lgd.begin() + t * E, lgd.begin() + (t + 1) * E);
+          bool ok;
+          std::string why;
+          if (std::any_of(tl.begin(), tl.end(), [](double v) { return std::isnan(v); })) {
+            ok = std::all_of(ti, ti + k, [](int32_t v) { return v == -1; }) &&
+                 std::all_of(tw, tw + k, [](float v) { return std::isnan(v); });
+            why = "a NaN logit must give ids -1 and NaN weights";
+          } else {
+            ok = routing_valid(hr, tl, k, ti, tw, &why);
+            // Softmax keys are exact: the same ids as the reference, bit for bit.
+            if (rc.mode == RoutingMode::kSoftmaxTopK && !std::equal(ti, ti + k, rids.data() + t * k)) {
+              ok = false;
+              why += " ids differ from route_cpu";
+            }
+          }
+          if (!ok && bad++ == 0) first = "token " + std::to_string(t) + ": " + why;
+        }
+        CHECK_MSG(bad == 0, "mode " << int(rc.mode) << " E=" << E << " k=" << k << " groups " << rc.n_group << "/"
+                                    << rc.topk_group << " dtype " << dtype_name(dt) << " T=" << T << ": " << bad
+                                    << " tokens wrong; first " << first);
+      }
+}
+
+// The hand-worked grouped case of test_routing (a group drop that changes the answer) on the device.
+TEST(route_grouped_hand_worked) {
+  std::vector<float> lg(8, 0.0f);
+  lg[0] = std::log(3.0f);
+  const std::vector<float> bias = {0.1f, 0.0f, 0.3f, 0.0f, 0.2f, 0.25f, 0.0f, 0.0f};
+  DevBuf dlg(32), dbias(32), dids(8), dw(8);
+  CUDA_OK(cudaMemcpy(dlg.p, lg.data(), 32, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dbias.p, bias.data(), 32, cudaMemcpyHostToDevice));
+  RouteArgs a;
+  a.tokens = 1;
+  a.num_experts = 8;
+  a.top_k = 2;
+  a.routing.mode = RoutingMode::kSigmoidGroupedTopK;
+  a.routing.logits = dlg.p;
+  a.routing.n_group = 4;
+  a.routing.topk_group = 2;
+  a.routing.routed_scaling_factor = 2.5f;
+  a.routing.correction_bias = dbias.as<float>();
+  a.topk_ids = dids.as<int32_t>();
+  a.topk_weights = dw.as<float>();
+  for (int topk_group : {2, 4}) {
+    a.routing.topk_group = topk_group;
+    CHECK_OK(route(a, nullptr));
+    int32_t ids[2];
+    float w[2];
+    CUDA_OK(cudaMemcpy(ids, dids.p, 8, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(w, dw.p, 8, cudaMemcpyDeviceToHost));
+    const int want1 = topk_group == 2 ? 5 : 2;  // expert 2's group is dropped with two groups kept
+    // Scores 0.75 and 0.5 either way: 0.75 / 1.25 * 2.5 and 0.5 / 1.25 * 2.5.
+    CHECK_MSG(ids[0] == 0 && ids[1] == want1 && std::fabs(w[0] - 1.5) < 1e-5 && std::fabs(w[1] - 1.0) < 1e-5,
+              "topk_group " << topk_group << ": ids " << ids[0] << ", " << ids[1] << " weights " << w[0] << ", " << w[1]);
+  }
+}
+
+// fused_moe routing from logits gives the same bits as route() followed by fused_moe on its ids, on
+// both FP4 paths' decode side (T = 1, 37) and BF16 experts; and the routing rules reach its validator.
+TEST(moe_routes_from_logits) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool bf16 = variant == 2;
+    const Format f = variant == 1 ? Format::kNVFP4 : Format::kMXFP4;
+    const int E = 16, k = 4;
+    const int64_t H = 160, I = 96;
+    Experts gu, dn;
+    if (bf16) {
+      make_bf16_experts(gu, E, 2 * I, H, 0);
+      make_bf16_experts(dn, E, H, I, 0);
+    } else {
+      make_experts(gu, f, E, 2 * I, H, false);
+      make_experts(dn, f, E, H, I, false);
+    }
+    for (int64_t T : {int64_t(1), int64_t(37)}) {
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<uint16_t> xb(size_t(T * H));
+      for (auto& b : xb) b = fp4test::to_bits(nd(rng()), true);
+      std::vector<float> lg(size_t(T * E));
+      for (auto& v : lg) v = 2.0f * nd(rng());
+      DevBuf dx(xb.size() * 2), dlg(lg.size() * 4), dids(size_t(T * k) * 4), dw(size_t(T * k) * 4),
+          dy1(xb.size() * 2), dy2(xb.size() * 2);
+      CUDA_OK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dlg.p, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(dy1.p, 0xFF, xb.size() * 2));
+      CUDA_OK(cudaMemset(dy2.p, 0xFF, xb.size() * 2));
+      Routing r;
+      r.mode = variant == 1 ? RoutingMode::kSigmoidGroupedTopK : RoutingMode::kSoftmaxTopK;
+      r.logits = dlg.p;
+      if (variant == 1) {
+        r.n_group = 4;
+        r.topk_group = 2;
+        r.routed_scaling_factor = 2.0f;
+      }
+      RouteArgs ra;
+      ra.tokens = T;
+      ra.num_experts = E;
+      ra.top_k = k;
+      ra.routing = r;
+      ra.topk_ids = dids.as<int32_t>();
+      ra.topk_weights = dw.as<float>();
+      CHECK_OK(route(ra, nullptr));
+      MoEArgs a;
+      a.tokens = T;
+      a.hidden = H;
+      a.inter = I;
+      a.num_experts = E;
+      a.top_k = k;
+      a.x = dx.p;
+      a.gate_up = gu.dev;
+      a.down = dn.dev;
+      a.topk_ids = dids.as<int32_t>();
+      a.topk_weights = dw.as<float>();
+      a.y = dy1.p;
+      size_t bytes = 0;
+      CHECK_OK(moe_workspace_bytes(a, &bytes));
+      MoEArgs b = a;
+      b.topk_ids = nullptr;
+      b.topk_weights = nullptr;
+      b.routing = r;
+      b.y = dy2.p;
+      size_t bytes_r = 0;
+      CHECK_OK(moe_workspace_bytes(b, &bytes_r));
+      CHECK_MSG(bytes_r > bytes, "routing from logits needs room for the ids and weights (" << bytes_r << " vs "
+                                                                                             << bytes << ")");
+      DevBuf ws(bytes_r);
+      a.workspace = b.workspace = ws.p;
+      a.workspace_bytes = bytes;
+      b.workspace_bytes = bytes_r;
+      CHECK_OK(fused_moe(a, nullptr));
+      CHECK_OK(fused_moe(b, nullptr));
+      std::vector<uint16_t> y1(xb.size()), y2(xb.size());
+      CUDA_OK(cudaMemcpy(y1.data(), dy1.p, y1.size() * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(y2.data(), dy2.p, y2.size() * 2, cudaMemcpyDeviceToHost));
+      int finite = 0;
+      for (uint16_t v : y2) finite += std::isfinite(fp4test::from_bits(v, true)) ? 1 : 0;
+      CHECK_MSG(y1 == y2 && finite == int(y2.size()),
+                "variant " << variant << " T=" << T << ": routing inside fused_moe differs from route() + fused_moe ("
+                           << finite << " of " << y2.size() << " finite)");
+      // Validator: ids given as well, and routing rules.
+      MoEArgs c = b;
+      c.topk_ids = dids.as<int32_t>();
+      CHECK_ERROR(moe_validate(c), "topk_ids, topk_weights: must be null when routing from logits");
+      c = b;
+      c.routing.logits = nullptr;
+      CHECK_ERROR(moe_validate(c), "routing.logits: must not be null");
+      c = b;
+      c.routing.mode = static_cast<RoutingMode>(9);
+      CHECK_ERROR(moe_workspace_bytes(c, &bytes), "routing.mode: must be RoutingMode::kSoftmaxTopK or kSigmoidGroupedTopK (got 9)");
+      c = a;
+      c.topk_ids = nullptr;
+      CHECK_ERROR(moe_validate(c), "topk_ids: must not be null (or route from logits: routing.mode)");
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -1,0 +1,200 @@
+// moe_routing.cuh: router logits [T, E] -> top-k expert ids and weights (fp4kit/routing.h), one warp per
+// token.
+//
+// Contract
+//   For every token t < tokens: ids[t, j], w[t, j] for j < top_k as fp4kit/routing.h defines them
+//   (softmax top-k; sigmoid with grouped top-k, renormalization and routed scaling factor); a token with
+//   a NaN logit gets ids -1 and NaN weights. E <= kRoutingMaxExperts, top_k <= 32. fp32 arithmetic;
+//   deterministic (fixed reduction order). route_cpu() is the reference.
+//
+// Why it is shaped this way
+//   Routing is a few hundred floats per token: what matters is one launch and no host round trip, so a
+//   warp owns a token and everything stays in its 3E + n_group floats of shared memory:
+//   - Lanes stride over the experts (lane, lane + 32, ...). A top-k is k rounds of a warp argmax over
+//     (key, id) pairs with ties to the lower id: every lane ends with the same winner (a total order), and
+//     the owner marks it taken by writing NaN over its key (NaN never compares greater or equal).
+//   - Groups (DeepSeek-V3): lane g computes group g's key (its two largest), the topk_group winners are
+//     marked by writing -inf over their group key (real group keys are finite: sigmoid plus a finite
+//     bias), then experts outside the marked groups get key -inf. Skipped when every group is kept.
+//   - The softmax denominator over all E is summed before the rounds take the keys; lane j keeps the j-th
+//     winner, so the weights are one more warp sum.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "fp4kit/routing.h"
+#include "kernels/decode_gemm.cuh"  // griddep_*
+
+namespace fp4kit {
+namespace kernels {
+
+constexpr int kRouteWarps = 4;  // tokens per CTA
+
+struct RouteParams {
+  const void* logits;  // [T, E] of L
+  int tokens, experts, top_k;
+  bool sigmoid_grouped, renormalize;
+  int n_group, topk_group;
+  float scale;                  // routed_scaling_factor (1 for softmax)
+  const float* bias;            // [E] or null
+  int32_t* ids;                 // [T, top_k]
+  float* weights;               // [T, top_k]
+};
+
+// Shared memory per warp: selection keys [E], scores [E], group keys [n_group].
+__host__ __device__ inline size_t route_smem_floats_per_warp(int experts, int n_group) { return size_t(2 * experts + n_group); }
+
+__device__ __forceinline__ float route_load(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float route_load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float route_load(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+// The (key, id) pair every lane agrees on: the largest key, ties to the lower id. Lanes without a
+// candidate pass (-inf, INT_MAX); a NaN key never wins.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// One round of a top-k over key[0, n): the winner (key, id), whose key its owner lane then marks taken.
+__device__ __forceinline__ void take_best(float* key, int n, int lane, float& best, int& id) {
+  best = -INFINITY;
+  id = INT_MAX;
+  for (int e = lane; e < n; e += 32) {  // ascending ids per lane: `>` keeps the lower id on ties
+    const float v = key[e];
+    if (v > best || (v == best && e < id)) {
+      best = v;
+      id = e;
+    }
+  }
+  warp_argmax(best, id);
+}
+
+template <typename L>
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const RouteParams p) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int E = p.experts, k = p.top_k;
+  float* key = route_smem + size_t(warp) * route_smem_floats_per_warp(E, p.n_group);
+  float* score = key + E;
+  float* gkey = score + E;
+  griddep_wait();  // the logits may come from the previous kernel
+  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.tokens) return;  // whole warps leave: no shuffle below misses a lane
+  const L* lg = static_cast<const L*>(p.logits) + t * E;
+  int32_t* ids = p.ids + t * k;
+  float* w = p.weights + t * k;
+
+  bool nan = false;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    const float v = route_load(lg, e);
+    nan |= v != v;
+    if (p.sigmoid_grouped) {
+      const float s = 1.0f / (1.0f + expf(-v));
+      score[e] = s;
+      key[e] = s + (p.bias ? p.bias[e] : 0.0f);
+    } else {
+      key[e] = v;
+      mx = fmaxf(mx, v);
+    }
+  }
+  if (__any_sync(0xffffffffu, nan)) {
+    if (lane < k) {
+      ids[lane] = -1;
+      w[lane] = __int_as_float(0x7fc00000);
+    }
+    return;
+  }
+  // Softmax over all experts: the denominator, shifted by the largest logit (the first winner below).
+  float denom = 0.0f;
+  if (!p.sigmoid_grouped && !p.renormalize) {
+    mx = warp_max(mx);
+    for (int e = lane; e < E; e += 32) denom += expf(key[e] - mx);
+    denom = warp_sum(denom);
+  }
+  __syncwarp();
+
+  if (p.sigmoid_grouped && p.topk_group < p.n_group) {
+    const int gsize = E / p.n_group;
+    for (int g = lane; g < p.n_group; g += 32) {
+      float a = -INFINITY, b = -INFINITY;  // the group's two largest keys
+      for (int e = g * gsize; e < (g + 1) * gsize; ++e) {
+        const float v = key[e];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      gkey[g] = gsize == 1 ? a : a + b;
+    }
+    __syncwarp();
+    for (int r = 0; r < p.topk_group; ++r) {
+      float best;
+      int g;
+      take_best(gkey, p.n_group, lane, best, g);
+      if (lane == g % 32) gkey[g] = -INFINITY;  // kept
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (gkey[e / gsize] != -INFINITY) key[e] = -INFINITY;
+    __syncwarp();
+  }
+
+  // top_k rounds; lane j keeps the j-th winner.
+  float my_key = 0.0f;
+  int my_id = -1;
+  for (int j = 0; j < k; ++j) {
+    float best;
+    int id;
+    take_best(key, E, lane, best, id);
+    if (lane == j) {
+      my_key = best;
+      my_id = id;
+    }
+    if (lane == id % 32) key[id] = __int_as_float(0x7fc00000);  // taken
+    __syncwarp();
+  }
+
+  float wt = 0.0f;
+  if (p.sigmoid_grouped) {
+    const float s = lane < k ? score[my_id] : 0.0f;
+    const float sum = p.renormalize ? warp_sum(s) : 1.0f;
+    wt = (p.renormalize ? s / sum : s) * p.scale;
+  } else {
+    const float top = __shfl_sync(0xffffffffu, my_key, 0);  // the largest logit
+    const float ex = lane < k ? expf(my_key - top) : 0.0f;
+    const float sum = p.renormalize ? warp_sum(ex) : denom;
+    wt = ex / sum;
+  }
+  if (lane < k) {
+    ids[lane] = my_id;
+    w[lane] = wt;
+  }
+  griddep_launch_dependents();
+}
+
+}  // namespace kernels
+}  // namespace fp4kit
