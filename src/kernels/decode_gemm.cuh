@@ -43,6 +43,7 @@
 #include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
 #include "kernels/moe_activation.cuh"
+#include "kernels/pdl.cuh"
 #include "kernels/stream_k.h"
 
 namespace fp4kit {
@@ -147,23 +148,6 @@ __device__ __forceinline__ void decode_trace_global(int) {}
 __device__ __forceinline__ constexpr bool decode_ablate(int) { return false; }
 #endif
 constexpr int kAblateCompute = 1, kAblateFixup = 2;
-
-// ---- Programmatic dependent launch (sm_90; no-ops elsewhere and when the launch did not ask for it) ---
-// A kernel launched with the programmatic-stream-serialisation attribute may start while the previous
-// kernel in the stream still runs: it must call griddep_wait() before it reads anything a previous kernel
-// wrote or writes anything a previous kernel reads; data that no kernel writes (the prepacked weights) may
-// be read before. griddep_launch_dependents() lets the next such kernel start as soon as every CTA of
-// this one has called it (its own wait still waits for this grid's completion and memory).
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // ---- PTX wrappers --------------------------------------------------------------------------------
 

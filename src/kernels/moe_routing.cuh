@@ -27,7 +27,7 @@
 #include <cstdint>
 
 #include "fp4kit/routing.h"
-#include "kernels/decode_gemm.cuh"  // griddep_*
+#include "kernels/pdl.cuh"
 
 namespace fp4kit {
 namespace kernels {
@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
   float* key = route_smem + size_t(warp) * route_smem_floats_per_warp(E, p.n_group);
   float* score = key + E;
   float* gkey = score + E;
+  griddep_launch_dependents();
   griddep_wait();  // the logits may come from the previous kernel
   const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
   if (t >= p.tokens) return;  // whole warps leave: no shuffle below misses a lane
@@ -193,7 +194,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
     ids[lane] = my_id;
     w[lane] = wt;
   }
-  griddep_launch_dependents();
 }
 
 }  // namespace kernels
