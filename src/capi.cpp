@@ -6,6 +6,7 @@
 #include "fp4kit/gemm.h"
 #include "fp4kit/quant.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/routing.h"
 
 namespace {
 thread_local std::string g_last_error;
@@ -124,6 +125,29 @@ int fp4kit_gemm(int64_t m, fp4kit_dtype act, const void* x, fp4kit_format format
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return report(fp4kit::gemm(a, stream));
+}
+
+int fp4kit_route(fp4kit_routing_mode mode, int64_t tokens, int num_experts, int top_k, const void* logits,
+                 fp4kit_dtype logits_dtype, int renormalize, int n_group, int topk_group,
+                 float routed_scaling_factor, const float* correction_bias, int32_t* topk_ids, float* topk_weights,
+                 fp4kit_stream_t stream) {
+  if (mode != FP4KIT_ROUTE_SOFTMAX && mode != FP4KIT_ROUTE_SIGMOID_GROUPED) return bad_enum("mode");
+  if (!dtype_ok(logits_dtype)) return bad_enum("logits_dtype");
+  fp4kit::RouteArgs a;
+  a.tokens = tokens;
+  a.num_experts = num_experts;
+  a.top_k = top_k;
+  a.routing.mode = static_cast<fp4kit::RoutingMode>(mode);
+  a.routing.logits = logits;
+  a.routing.logits_dtype = to_dtype(logits_dtype);
+  a.routing.renormalize = renormalize != 0;
+  a.routing.n_group = n_group;
+  a.routing.topk_group = topk_group;
+  a.routing.routed_scaling_factor = routed_scaling_factor;
+  a.routing.correction_bias = correction_bias;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_weights;
+  return report(fp4kit::route(a, stream));
 }
 
 }  // extern "C"

@@ -3,7 +3,7 @@
  * Every function returns 0 on success or a non-zero fp4kit status code (1 invalid argument,
  * 2 not supported, 3 CUDA error, 4 internal); fp4kit_last_error() then gives the message (thread-local,
  * valid until the next fp4kit call on this thread). Pointers are host memory for *_cpu functions and
- * device memory otherwise. Semantics are those of the C++ API (fp4kit/gemm.h, repack.h, quant.h). */
+ * device memory otherwise. Semantics are those of the C++ API (fp4kit/gemm.h, repack.h, quant.h, routing.h). */
 #ifndef FP4KIT_FP4KIT_H_
 #define FP4KIT_FP4KIT_H_
 #include <stddef.h>
@@ -46,6 +46,17 @@ int fp4kit_gemm_workspace_zero_bytes(int64_t m, fp4kit_format format, int64_t n,
 int fp4kit_gemm(int64_t m, fp4kit_dtype act, const void* x, fp4kit_format format, int64_t n, int64_t k,
                 const void* w_packed, const void* bias, void* y, void* workspace, size_t workspace_bytes,
                 fp4kit_stream_t stream);
+
+/* Mixture-of-Experts routing (fp4kit/routing.h): router logits [tokens, num_experts] (dtype logits_dtype)
+ * -> topk_ids int32 [tokens, top_k] and topk_weights float32 [tokens, top_k], device memory.
+ * FP4KIT_ROUTE_SOFTMAX: softmax top-k (n_group = topk_group = 1, routed_scaling_factor = 1,
+ * correction_bias NULL); FP4KIT_ROUTE_SIGMOID_GROUPED: DeepSeek-V3's grouped top-k (correction_bias:
+ * float32 [num_experts] or NULL). */
+typedef enum { FP4KIT_ROUTE_SOFTMAX = 1, FP4KIT_ROUTE_SIGMOID_GROUPED = 2 } fp4kit_routing_mode;
+int fp4kit_route(fp4kit_routing_mode mode, int64_t tokens, int num_experts, int top_k, const void* logits,
+                 fp4kit_dtype logits_dtype, int renormalize, int n_group, int topk_group,
+                 float routed_scaling_factor, const float* correction_bias, int32_t* topk_ids, float* topk_weights,
+                 fp4kit_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "fp4kit/fp4kit.h"
 #include "fp4kit/routing.h"
 #include "testing.h"
 
@@ -241,6 +243,28 @@ TEST(route_argument_rules) {
   a.tokens = -1;
   CHECK_ERROR(route(a, nullptr), "tokens: must be >= 1 (got -1)");
   CHECK_ERROR(route_cpu(a), "tokens: must be >= 1 (got -1)");
+}
+
+// The C ABI: the same rules through a status code and fp4kit_last_error() (no device needed to fail).
+TEST(route_c_abi_rules) {
+  float lg[16] = {};
+  int32_t ids[4];
+  float w[4];
+  CHECK_EQ(fp4kit_route(static_cast<fp4kit_routing_mode>(0), 2, 8, 2, lg, FP4KIT_F32, 1, 1, 1, 1.0f, nullptr, ids, w,
+                        nullptr),
+           1);
+  CHECK(std::string(fp4kit_last_error()).find("mode: not a valid enumerator") != std::string::npos);
+  CHECK_EQ(fp4kit_route(FP4KIT_ROUTE_SOFTMAX, 2, 8, 2, lg, static_cast<fp4kit_dtype>(5), 1, 1, 1, 1.0f, nullptr, ids,
+                        w, nullptr),
+           1);
+  CHECK(std::string(fp4kit_last_error()).find("logits_dtype: not a valid enumerator") != std::string::npos);
+  CHECK_EQ(fp4kit_route(FP4KIT_ROUTE_SOFTMAX, 2, 8, 9, lg, FP4KIT_F32, 1, 1, 1, 1.0f, nullptr, ids, w, nullptr), 1);
+  CHECK(std::string(fp4kit_last_error()).find("top_k: routing takes 1 to min(num_experts = 8, 32) (got 9)") !=
+        std::string::npos);
+  CHECK_EQ(fp4kit_route(FP4KIT_ROUTE_SIGMOID_GROUPED, 2, 8, 2, lg, FP4KIT_F32, 1, 3, 1, 1.0f, nullptr, ids, w, nullptr),
+           1);
+  CHECK(std::string(fp4kit_last_error()).find("routing.n_group: must divide num_experts = 8 (got 3)") !=
+        std::string::npos);
 }
 
 TEST_MAIN()
