@@ -17,19 +17,7 @@ namespace detail {
 
 cudaError_t launch_route(const Routing& r, int64_t tokens, int experts, int top_k, int32_t* ids, float* weights,
                          cudaStream_t stream, bool pdl) {
-  kernels::RouteParams p{};
-  p.logits = r.logits;
-  p.tokens = int(tokens);
-  p.experts = experts;
-  p.top_k = top_k;
-  p.sigmoid_grouped = r.mode == RoutingMode::kSigmoidGroupedTopK;
-  p.renormalize = r.renormalize;
-  p.n_group = p.sigmoid_grouped ? r.n_group : 1;
-  p.topk_group = p.sigmoid_grouped ? r.topk_group : 1;
-  p.scale = p.sigmoid_grouped ? r.routed_scaling_factor : 1.0f;
-  p.bias = p.sigmoid_grouped ? r.correction_bias : nullptr;
-  p.ids = ids;
-  p.weights = weights;
+  const kernels::RouteParams p = kernels::route_params(r, tokens, experts, top_k, ids, weights);
   const dim3 grid(unsigned((tokens + kernels::kRouteWarps - 1) / kernels::kRouteWarps));
   const dim3 block(kernels::kRouteWarps * 32);
   const size_t smem = kernels::kRouteWarps * kernels::route_smem_floats_per_warp(experts, p.n_group) * sizeof(float);

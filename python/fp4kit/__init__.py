@@ -18,7 +18,8 @@ Mixture of experts (fp4kit.moe):
     w_down = stack_experts(down_weights, "cuda")                # E FP4Weights [H, I]
     y = fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, "nvfp4", inter)   # torch.ops.fp4kit.fused_moe
     y = fused_moe_from_logits(x, router_logits, k, w_gate_up, w_down, "nvfp4", inter, routing="softmax")
-``torch.ops.fp4kit.{quantize,prepack,gemm,fused_moe}`` are registered by ``import fp4kit.ops`` (compile/graph
+    topk_ids, topk_weights = route(router_logits, k, routing="softmax")   # one kernel (torch.ops.fp4kit.route)
+``torch.ops.fp4kit.{quantize,prepack,gemm,fused_moe,route}`` are registered by ``import fp4kit.ops`` (compile/graph
 safe).
 Checkpoints: FP4Weight constructors and ``load_modelopt_checkpoint``, ``load_compressed_tensors_checkpoint``,
 ``load_gpt_oss_experts`` (need ``safetensors``).
@@ -40,7 +41,7 @@ __all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack
            "cuda_device_count", "group_size", "FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up",
            "interleave_gate_up", "swap_nibbles", "load_modelopt_checkpoint", "load_compressed_tensors_checkpoint",
            "load_gpt_oss_experts", "GptOssExperts", "load_tuning_table", "clear_tuning_table", "dispatch_config",
-           "stack_experts", "fused_moe", "fused_moe_from_logits"]
+           "stack_experts", "fused_moe", "fused_moe_from_logits", "route"]
 
 _GROUP = {"nvfp4": 16, "mxfp4": 32}
 
@@ -199,6 +200,48 @@ def fused_moe_from_logits(x, router_logits, k: int, w_gate_up, w_down, format: s
                                      b_gate_up, b_down, alpha, limit, routing=routing, renormalize=renormalize,
                                      n_group=n_group, topk_group=topk_group,
                                      routed_scaling_factor=routed_scaling_factor, correction_bias=correction_bias)
+
+
+def route(logits, k: int, routing: str = "softmax", renormalize: bool = True, n_group: int = 1,
+          topk_group: int = 1, routed_scaling_factor: float = 1.0, correction_bias=None):
+    """Mixture-of-experts routing, router logits [T, E] -> (topk_ids int32 [T, k], topk_weights float32 [T, k]).
+
+    routing "softmax": the k largest logits, weights softmax(logits) there (renormalize: divided by their sum);
+    routing "sigmoid_grouped" (DeepSeek-V3): scores sigmoid(logits), selection keys scores + correction_bias
+    [E], n_group groups of consecutive experts ranked by the sum of their two best keys, the topk_group best
+    kept, the k best experts among them; weights their scores (renormalize: divided by their sum) times
+    routed_scaling_factor. Ids by descending key, ties to the lower id, fp32 arithmetic; a token with a NaN
+    logit gets ids -1 and NaN weights (fused_moe then makes its row NaN). E <= 1024, k <= 32.
+
+    numpy (float32/float16 logits, float32 correction_bias): on the CPU, returns numpy arrays. torch (float32,
+    bfloat16 or float16): torch.ops.fp4kit.route on the logits' device (CUDA: one kernel, no host
+    synchronisation, CUDA-graph and torch.compile safe). The same definitions as fp4kit.moe.route_softmax_topk
+    and route_sigmoid_grouped_topk (torch operations, which check the logits for NaN on the host).
+    """
+    if isinstance(routing, str) and routing == "softmax":
+        for name, v, default in (("n_group", n_group, 1), ("topk_group", topk_group, 1),
+                                 ("routed_scaling_factor", routed_scaling_factor, 1.0),
+                                 ("correction_bias", correction_bias, None)):
+            if not (v is None if default is None else (not isinstance(v, bool) and v == default)):
+                raise ValueError(f'{name}: applies to routing="sigmoid_grouped" only (leave it at its default '
+                                 'with routing="softmax")')
+    for name, v in (("k", k), ("n_group", n_group), ("topk_group", topk_group)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: must be an int (got {type(v).__name__})")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize: must be a bool (got {type(renormalize).__name__})")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)):
+        raise TypeError(f"routed_scaling_factor: must be a number (got {type(routed_scaling_factor).__name__})")
+    if not isinstance(routing, str):
+        raise TypeError(f"routing: must be a str (got {type(routing).__name__})")
+    if _is_torch(logits):
+        import torch
+
+        from . import ops as _ops  # noqa: F401  (registers torch.ops.fp4kit)
+        return torch.ops.fp4kit.route(logits, k, routing, renormalize, n_group, topk_group,
+                                      float(routed_scaling_factor), correction_bias)
+    return _C.route_cpu(logits, k, routing, renormalize, n_group, topk_group, float(routed_scaling_factor),
+                        correction_bias)
 
 
 from .weights import (FP4Weight, check_nibble_order, deinterleave_gate_up, fuse, interleave_gate_up,  # noqa: E402

@@ -13,6 +13,8 @@ can be checked on a machine without a GPU.
     torch.ops.fp4kit.gemm(x, buffer, format, n, k, bias=None) -> y
     torch.ops.fp4kit.fused_moe(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, activation, layout,
                                b_gate_up=None, b_down=None, alpha=1.702, limit=7.0) -> y
+    torch.ops.fp4kit.route(logits, k, routing="softmax", renormalize=True, n_group=1, topk_group=1,
+                           routed_scaling_factor=1.0, correction_bias=None) -> (topk_ids, topk_weights)
 
 ``fused_moe`` is the Mixture-of-Experts layer for given routing (fp4kit.moe.fused_moe documents it); its
 expert weights are the stacked buffers of fp4kit.moe.stack_experts (format "nvfp4"/"mxfp4": uint8 [E, stride]
@@ -43,6 +45,26 @@ _lib.define("gemm(Tensor x, Tensor w, str format, int n, int k, Tensor? bias=Non
 _lib.define("fused_moe(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w_gate_up, Tensor w_down, str format, "
             "int inter, str activation, str layout, Tensor? b_gate_up=None, Tensor? b_down=None, "
             "float alpha=1.702, float limit=7.0) -> Tensor")
+_lib.define("route(Tensor logits, int k, str routing='softmax', bool renormalize=True, int n_group=1, "
+            "int topk_group=1, float routed_scaling_factor=1.0, Tensor? correction_bias=None) -> (Tensor, Tensor)")
+
+
+# ---- route ------------------------------------------------------------------------------------------
+def _route(logits, k, routing="softmax", renormalize=True, n_group=1, topk_group=1, routed_scaling_factor=1.0,
+           correction_bias=None):
+    return torch_ops.route(logits, k, routing, renormalize, n_group, topk_group, routed_scaling_factor,
+                           correction_bias)
+
+
+_lib.impl("route", _route, "CPU")
+_lib.impl("route", _route, "CUDA")
+
+
+@torch.library.register_fake("fp4kit::route")
+def _route_fake(logits, k, routing="softmax", renormalize=True, n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                correction_bias=None):
+    t = logits.shape[0]
+    return (logits.new_empty((t, k), dtype=torch.int32), logits.new_empty((t, k), dtype=torch.float32))
 
 
 # ---- quantize ---------------------------------------------------------------------------------------

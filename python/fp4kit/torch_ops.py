@@ -17,7 +17,7 @@ import torch
 
 from . import _C, group_size
 
-__all__ = ["quantize", "prepack", "gemm"]
+__all__ = ["quantize", "prepack", "gemm", "route"]
 
 _ACT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _W_DTYPES = {torch.float32: "float32", **_ACT}
@@ -228,3 +228,34 @@ def gemm(x: torch.Tensor, packed_buffer: torch.Tensor, format: str, n: int, k: i
         with torch.cuda.device(dev):
             _C.gemm(*args)
     return out
+
+
+def route(logits: torch.Tensor, k: int, routing: str = "softmax", renormalize: bool = True, n_group: int = 1,
+          topk_group: int = 1, routed_scaling_factor: float = 1.0,
+          correction_bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MoE routing (fp4kit.route documents it): logits [T, E] (float32, bfloat16 or float16) -> (ids int32
+    [T, k], weights float32 [T, k]) on the logits' device; CUDA: one kernel on the current stream, no host
+    synchronisation; CPU: the host reference."""
+    _check(logits, "logits", tuple(_W_DTYPES))
+    if logits.dim() != 2:
+        raise ValueError(f"logits: must have 2 dimensions [tokens, experts] (got shape {tuple(logits.shape)})")
+    t, e = (int(v) for v in logits.shape)
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k: must be an int (got {type(k).__name__})")
+    if not 1 <= k <= min(e, 32):
+        raise ValueError(f"k: must be in [1, min(logits.shape[1] = {e}, 32)] (got {k})")
+    if correction_bias is not None:
+        _check(correction_bias, "correction_bias", (torch.float32,), logits.device, (e,))
+    if logits.device.type == "cpu":
+        ids, w = _C.route_cpu(logits, k, routing, renormalize, n_group, topk_group, float(routed_scaling_factor),
+                              correction_bias)
+        return torch.from_numpy(ids), torch.from_numpy(w)
+    ids = torch.empty((t, k), dtype=torch.int32, device=logits.device)
+    w = torch.empty((t, k), dtype=torch.float32, device=logits.device)
+    if t == 0:
+        return ids, w
+    with torch.cuda.device(logits.device):
+        _C.route(t, e, k, routing, logits.data_ptr(), _W_DTYPES[logits.dtype], renormalize, n_group, topk_group,
+                 float(routed_scaling_factor), correction_bias.data_ptr() if correction_bias is not None else 0,
+                 ids.data_ptr(), w.data_ptr(), _stream(logits.device))
+    return ids, w

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "fp4kit/tuning.h"
 #include "fp4kit/quant.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/routing.h"
 
 #ifndef FP4KIT_VERSION
 #define FP4KIT_VERSION "0.0.0"
@@ -113,8 +115,10 @@ void check_layout(const HostIn& a, const char* name, size_t ndim) {
   if (a.ndim() != ndim)
     value_error(std::string(name) + ": must have " + std::to_string(ndim) + " dimension(s) (got " +
                 std::to_string(a.ndim()) + ")");
+  bool empty = false;  // no elements: nothing to be contiguous (and DLPack exporters give such arrays any strides)
+  for (size_t d = 0; d < ndim; ++d) empty |= a.shape(d) == 0;
   int64_t expect = 1;
-  for (size_t d = ndim; d-- > 0;) {
+  for (size_t d = ndim; !empty && d-- > 0;) {
     if (a.shape(d) != 1 && a.stride(d) != expect)
       value_error(std::string(name) + ": must be C-contiguous (e.g. numpy.ascontiguousarray)");
     expect *= static_cast<int64_t>(a.shape(d));
@@ -438,6 +442,99 @@ void fused_moe(int64_t tokens, int64_t hidden, int64_t inter, int64_t num_expert
   check(fp4kit::fused_moe(a, stream_of(stream)));
 }
 
+// ---- routing (fp4kit/routing.h) ------------------------------------------------------------------------
+fp4kit::Routing routing_of(const std::string& routing, bool renormalize, int64_t n_group, int64_t topk_group,
+                           float routed_scaling_factor) {
+  fp4kit::Routing r;
+  if (routing == "softmax") r.mode = fp4kit::RoutingMode::kSoftmaxTopK;
+  else if (routing == "sigmoid_grouped") r.mode = fp4kit::RoutingMode::kSigmoidGroupedTopK;
+  else value_error("routing: must be \"softmax\" or \"sigmoid_grouped\" (got \"" + routing + "\")");
+  auto small = [](int64_t v, const char* name) {
+    if (v < INT32_MIN || v > INT32_MAX) value_error(std::string(name) + ": out of range (got " + std::to_string(v) + ")");
+    return int(v);
+  };
+  r.renormalize = renormalize;
+  r.n_group = small(n_group, "n_group");
+  r.topk_group = small(topk_group, "topk_group");
+  r.routed_scaling_factor = routed_scaling_factor;
+  return r;
+}
+
+// Python's names for the routing fields: "routing.n_group: ..." -> "n_group: ...", "top_k: ..." -> "k: ...".
+Status python_names(const Status& s) {
+  if (s.ok()) return s;
+  for (const std::string& pre : {std::string("routing."), std::string("top_k: ")}) {
+    if (s.message().compare(0, pre.size(), pre) == 0)
+      return Status(s.code(), (pre == "top_k: " ? "k: " : "") + s.message().substr(pre.size()));
+  }
+  return s;
+}
+
+// Host logits [T, E] (float32, float16 or bfloat16) -> (ids int32 [T, k], weights float32 [T, k]).
+std::tuple<NpOut<int32_t>, NpOut<float>> route_cpu(const HostIn& logits, int64_t k, const std::string& routing,
+                                                   bool renormalize, int64_t n_group, int64_t topk_group,
+                                                   float routed_scaling_factor,
+                                                   std::optional<HostIn> correction_bias) {
+  fp4kit::RouteArgs a;
+  a.routing = routing_of(routing, renormalize, n_group, topk_group, routed_scaling_factor);
+  check_layout(logits, "logits", 2);
+  using C = nb::dlpack::dtype_code;
+  if (is_f32(logits.dtype())) a.routing.logits_dtype = DType::kF32;
+  else if (is(logits.dtype(), C::Float, 16)) a.routing.logits_dtype = DType::kF16;
+  else if (is(logits.dtype(), C::Bfloat, 16)) a.routing.logits_dtype = DType::kBF16;
+  else bad_dtype(logits, "logits", "float32, float16 or bfloat16");
+  const int64_t t = logits.shape(0), e = logits.shape(1);
+  if (e < 1 || e > fp4kit::kRoutingMaxExperts)
+    value_error("logits: routing takes 1 to " + std::to_string(fp4kit::kRoutingMaxExperts) +
+                " experts (logits.shape[1] = " + std::to_string(e) + ")");
+  if (k < 1 || k > std::min<int64_t>(e, fp4kit::kRoutingMaxTopK))
+    value_error("k: must be in [1, min(logits.shape[1] = " + std::to_string(e) + ", " +
+                std::to_string(fp4kit::kRoutingMaxTopK) + ")] (got " + std::to_string(k) + ")");
+  if (correction_bias) {
+    check_layout(*correction_bias, "correction_bias", 1);
+    check_dtype(*correction_bias, "correction_bias", is_f32(correction_bias->dtype()), "float32");
+    if (int64_t(correction_bias->shape(0)) != e)
+      value_error("correction_bias: shape must be (" + std::to_string(e) + ",), one per expert (got (" +
+                  std::to_string(correction_bias->shape(0)) + ",))");
+    a.routing.correction_bias = static_cast<const float*>(correction_bias->data());
+  }
+  a.tokens = t;
+  a.num_experts = int(e);
+  a.top_k = int(k);
+  a.routing.logits = logits.data();
+  auto ids = new_array<int32_t>({size_t(t), size_t(k)});
+  auto w = new_array<float>({size_t(t), size_t(k)});
+  if (t == 0) return {ids, w};
+  a.topk_ids = data_of(ids);
+  a.topk_weights = data_of(w);
+  Status st;
+  {
+    nb::gil_scoped_release nogil;
+    st = fp4kit::route_cpu(a);
+  }
+  check(python_names(st));
+  return {ids, w};
+}
+
+void route(int64_t tokens, int64_t num_experts, int64_t k, const std::string& routing, uintptr_t logits,
+           const std::string& logits_dtype, bool renormalize, int64_t n_group, int64_t topk_group,
+           float routed_scaling_factor, uintptr_t correction_bias, uintptr_t topk_ids, uintptr_t topk_weights,
+           uintptr_t stream) {
+  fp4kit::RouteArgs a;
+  a.routing = routing_of(routing, renormalize, n_group, topk_group, routed_scaling_factor);
+  if (num_experts < 1 || num_experts > INT32_MAX || k < 1 || k > num_experts)
+    value_error("k: must be in [1, num_experts = " + std::to_string(num_experts) + "] (got " + std::to_string(k) + ")");
+  a.tokens = tokens;
+  a.num_experts = int(num_experts);
+  a.top_k = int(k);
+  a.routing.logits = dev<const void>(logits);
+  a.routing.logits_dtype = parse_dtype(logits_dtype, "logits_dtype", true);
+  a.routing.correction_bias = dev<const float>(correction_bias);
+  a.topk_ids = dev<int32_t>(topk_ids);
+  a.topk_weights = dev<float>(topk_weights);
+  check(python_names(fp4kit::route(a, stream_of(stream))));
+}
+
 void quantize_gpu(const std::string& format, uintptr_t w, const std::string& w_dtype, int64_t n, int64_t k,
                   uintptr_t packed, uintptr_t scales, uintptr_t tensor_scale, uintptr_t workspace, uintptr_t stream,
                   uintptr_t given_tensor_scale) {
@@ -518,6 +615,13 @@ NB_MODULE(_C, m) {
         "Fused MoE layer for given routing (fp4kit/moe.h) on the device: experts stacked `stride` bytes apart, "
         "gate_up [2*inter, hidden], down [hidden, inter]; format \"nvfp4\"/\"mxfp4\" (prepacked) or \"bf16\" "
         "(row-major bfloat16) (raw pointers; 0 = null; asynchronous on `stream`).");
+  m.def("route_cpu", &route_cpu, "logits"_a, "k"_a, "routing"_a = "softmax", "renormalize"_a = true,
+        "n_group"_a = 1, "topk_group"_a = 1, "routed_scaling_factor"_a = 1.0f, "correction_bias"_a = nb::none(),
+        "MoE routing on the host (fp4kit/routing.h): logits [T, E] -> (ids int32 [T, k], weights float32 [T, k]).");
+  m.def("route", &route, "tokens"_a, "num_experts"_a, "k"_a, "routing"_a, "logits_ptr"_a, "logits_dtype"_a,
+        "renormalize"_a, "n_group"_a, "topk_group"_a, "routed_scaling_factor"_a, "correction_bias_ptr"_a,
+        "topk_ids_ptr"_a, "topk_weights_ptr"_a, "stream"_a,
+        "MoE routing on the device (raw pointers; 0 = null; asynchronous on `stream`).");
   m.def("quantize_workspace_bytes", &fp4kit::quantize_workspace_bytes, "Workspace bytes quantize_gpu() needs.");
   m.def("quantize_gpu", &quantize_gpu, "format"_a, "w_ptr"_a, "w_dtype"_a, "n"_a, "k"_a, "packed_ptr"_a,
         "scales_ptr"_a, "tensor_scale_ptr"_a, "workspace_ptr"_a, "stream"_a, "given_tensor_scale_ptr"_a = 0,

@@ -45,6 +45,25 @@ struct RouteParams {
   float* weights;               // [T, top_k]
 };
 
+// The kernel's parameters for checked arguments (routing_common.h).
+inline RouteParams route_params(const Routing& r, int64_t tokens, int experts, int top_k, int32_t* ids,
+                                float* weights) {
+  RouteParams p{};
+  p.logits = r.logits;
+  p.tokens = int(tokens);
+  p.experts = experts;
+  p.top_k = top_k;
+  p.sigmoid_grouped = r.mode == RoutingMode::kSigmoidGroupedTopK;
+  p.renormalize = r.renormalize;
+  p.n_group = p.sigmoid_grouped ? r.n_group : 1;
+  p.topk_group = p.sigmoid_grouped ? r.topk_group : 1;
+  p.scale = p.sigmoid_grouped ? r.routed_scaling_factor : 1.0f;
+  p.bias = p.sigmoid_grouped ? r.correction_bias : nullptr;
+  p.ids = ids;
+  p.weights = weights;
+  return p;
+}
+
 // Shared memory per warp: selection keys [E], scores [E], group keys [n_group].
 __host__ __device__ inline size_t route_smem_floats_per_warp(int experts, int n_group) { return size_t(2 * experts + n_group); }
 

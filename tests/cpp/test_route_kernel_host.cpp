@@ -185,19 +185,7 @@ TEST(route_kernel_source_matches_route_cpu) {
       a.topk_weights = rw.data();
       CHECK_OK(route_cpu(a));
 
-      kernels::RouteParams p{};
-      p.logits = a.routing.logits;
-      p.tokens = T;
-      p.experts = E;
-      p.top_k = k;
-      p.sigmoid_grouped = rc.mode == RoutingMode::kSigmoidGroupedTopK;
-      p.renormalize = rc.renorm;
-      p.n_group = p.sigmoid_grouped ? rc.n_group : 1;
-      p.topk_group = p.sigmoid_grouped ? rc.topk_group : 1;
-      p.scale = p.sigmoid_grouped ? 2.5f : 1.0f;
-      p.bias = p.sigmoid_grouped ? a.routing.correction_bias : nullptr;
-      p.ids = kids.data();
-      p.weights = kw.data();
+      kernels::RouteParams p = kernels::route_params(a.routing, T, E, k, kids.data(), kw.data());
       CHECK(kernels::kRouteWarps * kernels::route_smem_floats_per_warp(E, p.n_group) <= sizeof(kernels::route_smem) / 4);
       if (dt == DType::kF32) run_kernel<float>(p);
       else run_kernel<__nv_bfloat16>(p);

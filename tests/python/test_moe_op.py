@@ -651,3 +651,100 @@ def test_cuda_stack_experts_matches_cpu_stack():
     assert on_gpu.device.type == "cuda"
     assert torch.equal(on_gpu.cpu(), layer.a)
     assert torch.equal(moe.stack_experts(layer.wgu, "cuda").cpu(), layer.a)
+
+
+# ---- fp4kit.route / torch.ops.fp4kit.route: the routing kernel against fp4kit.moe's torch definitions ----
+def _route_cases():
+    # (routing, E, k, n_group, topk_group, bias, renormalize)
+    return [("softmax", 128, 4, 1, 1, False, True), ("softmax", 8, 2, 1, 1, False, False),
+            ("softmax", 1024, 32, 1, 1, False, True), ("sigmoid_grouped", 256, 8, 8, 4, True, True),
+            ("sigmoid_grouped", 64, 6, 64, 6, True, False), ("sigmoid_grouped", 40, 3, 5, 2, False, True)]
+
+
+def _well_apart(t, e, n_group, g):
+    """Logits in [-3, 3] with every selection key and group key far apart (see tests/python/test_route.py)."""
+    gs, gap = e // n_group, 6.0 / n_group
+    rows = []
+    for _ in range(t):
+        levels = torch.randperm(n_group, generator=g).float() * gap - 3.0
+        steps = torch.cat([torch.randperm(gs, generator=g).float() * (0.4 * gap / gs) for _ in range(n_group)])
+        rows.append(levels.repeat_interleave(gs) + steps)
+    return torch.stack(rows)
+
+
+def _torch_route(lg, k, routing, n_group, topk_group, bias, renorm):
+    if routing == "softmax":
+        return moe.route_softmax_topk(lg, k, renorm)
+    return moe.route_sigmoid_grouped_topk(lg, k, n_group, topk_group, 2.5, bias, renorm)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", _route_cases())
+def test_route_matches_torch_definitions(device, dtype, case):
+    routing, e, k, n_group, topk_group, with_bias, renorm = case
+    g = torch.Generator().manual_seed(e * 31 + k)
+    # Softmax: any logits (the keys are the exact logits, ties to the lower id on both sides); sigmoid: keys
+    # far apart, so the fp32 kernel and torch's sigmoid cannot order them differently.
+    lg = (torch.randn(37, e, generator=g) * 2 if routing == "softmax" else _well_apart(37, e, n_group, g)).to(dtype)
+    bias = torch.full((e,), 0.125) if with_bias else None  # the same for every expert: keys stay far apart
+    kw = dict(n_group=n_group, topk_group=topk_group, routed_scaling_factor=2.5, correction_bias=bias) \
+        if routing == "sigmoid_grouped" else {}
+    ids, w = fp4kit.route(lg.to(device), k, routing, renormalize=renorm,
+                          **{a: (v.to(device) if isinstance(v, torch.Tensor) else v) for a, v in kw.items()})
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.device.type == device
+    rid, rw = _torch_route(lg.float(), k, routing, n_group, topk_group, bias, renorm)
+    assert torch.equal(ids.cpu(), rid)
+    torch.testing.assert_close(w.cpu(), rw, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_route_nan_token_no_sync_and_moe(device):
+    lg = torch.randn(5, 16, device=device)
+    lg[2, 3] = float("nan")
+    ids, w = fp4kit.route(lg, 4)
+    assert (ids[2] == -1).all() and torch.isnan(w[2]).all()
+    assert (ids[[0, 1, 3, 4]] >= 0).all() and torch.isfinite(w[[0, 1, 3, 4]]).all()
+
+
+def test_route_opcheck_and_compile_cpu():
+    lg = torch.randn(6, 32)
+    opcheck(torch.ops.fp4kit.route.default, (lg, 4), {"routing": "softmax"})
+    f = torch.compile(lambda x: torch.ops.fp4kit.route(x, 4), fullgraph=True)
+    ids, w = f(lg)
+    rid, rw = moe.route_softmax_topk(lg, 4, True)
+    assert torch.equal(ids, rid)
+    torch.testing.assert_close(w, rw)
+
+
+@needs_gpu
+def test_route_cuda_graph_replay_and_compile():
+    lg = torch.randn(9, 128, device="cuda")
+    f = torch.compile(lambda x: torch.ops.fp4kit.route(x, 4), fullgraph=True)
+    torch.testing.assert_close(f(lg)[1], moe.route_softmax_topk(lg, 4, True)[1])
+    static = torch.randn(9, 128, device="cuda")
+    fp4kit.route(static, 4)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, w = fp4kit.route(static, 4)
+    for _ in range(3):
+        static.copy_(torch.randn(9, 128, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rid, rw = moe.route_softmax_topk(static, 4, True)
+        assert torch.equal(ids, rid)
+        torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-7)
+
+
+def test_route_torch_argument_errors():
+    lg = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="logits: dtype must be one of"):
+        fp4kit.route(lg.double(), 2)
+    with pytest.raises(ValueError, match="logits: must have 2 dimensions"):
+        fp4kit.route(lg[0], 2)
+    with pytest.raises(ValueError, match=r"k: must be in \[1, min\(logits.shape\[1\] = 8, 32\)\] \(got 9\)"):
+        fp4kit.route(lg, 9)
+    with pytest.raises(ValueError, match=r"correction_bias: shape must be \(8,\)"):
+        fp4kit.route(lg, 2, "sigmoid_grouped", n_group=2, topk_group=1, correction_bias=torch.zeros(7))
+    with pytest.raises(ValueError, match=r"^n_group: must divide num_experts = 8 \(got 3\)"):
+        fp4kit.route(lg, 2, "sigmoid_grouped", n_group=3)
