@@ -3,6 +3,7 @@
 //   fp4kit-bench-moe [--model gpt-oss-120b|gpt-oss-20b|qwen3-30b-a3b|deepseek-v3|mixtral-8x7b|all]
 //                    [--t 1,4,16,64,256,512,2048,8192] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]
 //                    [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]
+//                    [--routing given|logits]
 //
 // Method: random FP4 experts (checkpoint layout from a hash, prepacked on the GPU) or random BF16 experts
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
@@ -24,7 +25,10 @@
 // CTAs per cluster of the gate_up and down GEMMs, 0 where they run stream-K). --tile sets MoEArgs::token_tile, the
 // tensor-core path's token tile (0: chosen; rows record it as token_tile). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
-// re-seeded per model and format).
+// re-seeded per model and format). --routing logits: each routing is random router logits (float32 [T, E],
+// normal), routed inside the layer (MoEArgs::routing, the model's routing: DeepSeek-V3 sigmoid grouped top-k
+// with 8 groups, 4 kept, scaling 2.5 and a correction bias; the others softmax top-k, renormalized); the
+// touched experts are counted from route_cpu's ids, and route_us times route() alone the same way.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -40,6 +44,7 @@
 #include "bench_common.cuh"
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
+#include "fp4kit/routing.h"
 #include "moe_internal.h"
 
 using namespace fp4kit;
@@ -54,6 +59,7 @@ struct MoEShape {
   MoEActivation act;
   GateUpLayout layout;
   bool bias;
+  bool grouped_routing = false;  // DeepSeek-V3's sigmoid grouped top-k (--routing logits); else softmax top-k
 };
 
 std::vector<MoEShape> models(const std::string& name) {
@@ -61,7 +67,7 @@ std::vector<MoEShape> models(const std::string& name) {
       {"gpt-oss-120b", 128, 4, 2880, 2880, MoEActivation::kSwigluOAI, GateUpLayout::kInterleaved, true},
       {"gpt-oss-20b", 32, 4, 2880, 2880, MoEActivation::kSwigluOAI, GateUpLayout::kInterleaved, true},
       {"qwen3-30b-a3b", 128, 8, 2048, 768, MoEActivation::kSiluAndMul, GateUpLayout::kConcatenated, false},
-      {"deepseek-v3", 256, 8, 7168, 2048, MoEActivation::kSiluAndMul, GateUpLayout::kConcatenated, false},
+      {"deepseek-v3", 256, 8, 7168, 2048, MoEActivation::kSiluAndMul, GateUpLayout::kConcatenated, false, true},
       {"mixtral-8x7b", 8, 2, 4096, 14336, MoEActivation::kSiluAndMul, GateUpLayout::kConcatenated, false},
   };
   std::vector<MoEShape> out;
@@ -102,7 +108,26 @@ struct Row {
   int calls, replays;       // the timing's graph size and replay count
   bool tc;                  // the tensor-core path ran
   int gu_cluster, dn_cluster;  // decode path: CTAs per cluster of the grouped GEMMs (0: stream-K)
+  double route_us;             // --routing logits: route() alone (0 otherwise)
 };
+
+// The model's routing from router logits (--routing logits).
+Routing routing_of(const MoEShape& sh, const void* logits, const float* bias) {
+  Routing r;
+  r.logits = logits;
+  r.logits_dtype = DType::kF32;
+  r.renormalize = true;
+  if (sh.grouped_routing) {
+    r.mode = RoutingMode::kSigmoidGroupedTopK;
+    r.n_group = 8;
+    r.topk_group = 4;
+    r.routed_scaling_factor = 2.5f;
+    r.correction_bias = bias;
+  } else {
+    r.mode = RoutingMode::kSoftmaxTopK;
+  }
+  return r;
+}
 
 constexpr int kShortT = 64;           // T up to this: the decode-sized timing method (one graph of all routings)
 // Tokens per pass of fused_moe (fp4kit/moe.h): tensor-core path, FP4 decode path, BF16 experts.
@@ -152,12 +177,13 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {{"model", "gpt-oss-120b"}, {"t", "1,4,16,64,256,512,2048,8192"},
                                             {"formats", "mxfp4,nvfp4,bf16"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"}, {"act", "bf16"},
-                                            {"path", "auto"}, {"tile", "0"}};
+                                            {"path", "auto"}, {"tile", "0"}, {"routing", "given"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf("usage: fp4kit-bench-moe [--model NAME|all] [--t LIST] [--formats mxfp4,nvfp4,bf16] [--json PATH] [--commit SHA]"
-                  " [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]\n");
+                  " [--replays N] [--act bf16|f16] [--path auto|decode|tc] [--tile 0|64|128|256]"
+                  " [--routing given|logits]\n");
       return 0;
     }
     if (a.rfind("--", 0) != 0 || i + 1 >= argc || !opt.count(a.substr(2))) {
@@ -190,6 +216,11 @@ int main(int argc, char** argv) {
   }
   const MoEPath path = opt["path"] == "tc" ? MoEPath::kTensorCore : opt["path"] == "decode" ? MoEPath::kDecode : MoEPath::kAuto;
   const int tile = std::atoi(opt["tile"].c_str());  // MoEArgs::token_tile (0: chosen); fused_moe checks it
+  if (opt["routing"] != "given" && opt["routing"] != "logits") {
+    std::fprintf(stderr, "fp4kit-bench-moe: --routing must be given or logits (got %s)\n", opt["routing"].c_str());
+    return 2;
+  }
+  const bool from_logits = opt["routing"] == "logits";
   constexpr int kRoutings = 16;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -234,25 +265,53 @@ int main(int argc, char** argv) {
         CKS(fp4kit::detail::moe_decode_clusters(a, &gu_cluster, &dn_cluster));
         const int64_t pass_tokens = pass_tokens_of(tc, bf16);
         // Routings and their touched experts (per call, and per pass).
-        std::vector<void*> ids_d(kRoutings), wts_d(kRoutings);
+        std::vector<void*> ids_d(kRoutings), wts_d(kRoutings), logits_d(kRoutings, nullptr);
         std::vector<double> touched_of(kRoutings, 0.0), pass_experts_of(kRoutings, 0.0);
         std::vector<int> perm(size_t(sh.E));
+        // --routing logits: a correction bias for the grouped routing, small against the scores.
+        std::vector<float> cbias(size_t(sh.E));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (auto& v : cbias) v = 0.05f * nd(rng);
+        float* cbias_d = nullptr;
+        if (from_logits) {
+          CK(cudaMalloc(&cbias_d, cbias.size() * 4));
+          CK(cudaMemcpy(cbias_d, cbias.data(), cbias.size() * 4, cudaMemcpyHostToDevice));
+        }
         for (int r = 0; r < kRoutings; ++r) {
           std::vector<int32_t> ids(size_t(T * sh.top_k));
           std::vector<float> wts(ids.size());
+          if (from_logits) {  // random logits; the ids (for counting touched experts) from the host reference
+            std::vector<float> lg(size_t(T * sh.E));
+            for (auto& v : lg) v = nd(rng);
+            RouteArgs ra;
+            ra.tokens = T;
+            ra.num_experts = sh.E;
+            ra.top_k = sh.top_k;
+            ra.routing = routing_of(sh, lg.data(), cbias.data());
+            ra.topk_ids = ids.data();
+            ra.topk_weights = wts.data();
+            CKS(route_cpu(ra));
+            CK(cudaMalloc(&logits_d[size_t(r)], lg.size() * 4));
+            CK(cudaMemcpy(logits_d[size_t(r)], lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+          }
           std::set<int> used, used_pass;
           for (int64_t t = 0; t < T; ++t) {
             if (t % pass_tokens == 0) {
               pass_experts_of[size_t(r)] += double(used_pass.size());
               used_pass.clear();
             }
-            for (int e = 0; e < sh.E; ++e) perm[size_t(e)] = e;
-            std::shuffle(perm.begin(), perm.end(), rng);
+            if (!from_logits) {
+              for (int e = 0; e < sh.E; ++e) perm[size_t(e)] = e;
+              std::shuffle(perm.begin(), perm.end(), rng);
+            }
             for (int j = 0; j < sh.top_k; ++j) {
-              ids[size_t(t * sh.top_k + j)] = perm[size_t(j)];
-              wts[size_t(t * sh.top_k + j)] = 1.0f / float(sh.top_k);
-              used.insert(perm[size_t(j)]);
-              used_pass.insert(perm[size_t(j)]);
+              const size_t slot = size_t(t * sh.top_k + j);
+              if (!from_logits) {
+                ids[slot] = perm[size_t(j)];
+                wts[slot] = 1.0f / float(sh.top_k);
+              }
+              used.insert(ids[slot]);
+              used_pass.insert(ids[slot]);
             }
           }
           pass_experts_of[size_t(r)] += double(used_pass.size());
@@ -268,6 +327,7 @@ int main(int argc, char** argv) {
         fill16(x, size_t(T * sh.H), 4242, act_bf16);
         a.x = x;
         a.y = y;
+        if (from_logits) a.routing = routing_of(sh, logits_d[0], cbias_d);  // sizes the workspace for routing
         size_t wsb = 0;
         CKS(moe_workspace_bytes(a, &wsb));
         CK(cudaMalloc(&ws, wsb));
@@ -276,9 +336,24 @@ int main(int argc, char** argv) {
         a.workspace_bytes = wsb;
         auto call = [&](int i) {
           MoEArgs c = a;
-          c.topk_ids = static_cast<const int32_t*>(ids_d[size_t(i % kRoutings)]);
-          c.topk_weights = static_cast<const float*>(wts_d[size_t(i % kRoutings)]);
+          if (from_logits) {
+            c.routing.logits = logits_d[size_t(i % kRoutings)];
+          } else {
+            c.topk_ids = static_cast<const int32_t*>(ids_d[size_t(i % kRoutings)]);
+            c.topk_weights = static_cast<const float*>(wts_d[size_t(i % kRoutings)]);
+          }
           CKS(fused_moe(c, stream));
+        };
+        // route() alone, into the routing's id and weight buffers (--routing logits).
+        auto route_call = [&](int i) {
+          RouteArgs ra;
+          ra.tokens = T;
+          ra.num_experts = sh.E;
+          ra.top_k = sh.top_k;
+          ra.routing = routing_of(sh, logits_d[size_t(i % kRoutings)], cbias_d);
+          ra.topk_ids = static_cast<int32_t*>(ids_d[size_t(i % kRoutings)]);
+          ra.topk_weights = static_cast<float*>(wts_d[size_t(i % kRoutings)]);
+          CKS(route(ra, stream));
         };
         call(0);
         CK(cudaStreamSynchronize(stream));
@@ -300,6 +375,8 @@ int main(int argc, char** argv) {
           m = measure(stream, kRoutings, replays, call, /*eager=*/false);
         }
         const double us = m.us;
+        double route_us = 0.0;
+        if (from_logits) route_us = measure(stream, kRoutings, replays, route_call, /*eager=*/false).us;
         // Averages over the routings the graph used (calls 0 .. m.calls - 1 use routings 0 .. m.calls - 1).
         const int used_routings = std::max(1, std::min(kRoutings, m.calls));
         double touched = 0, pass_experts = 0;
@@ -315,17 +392,22 @@ int main(int argc, char** argv) {
         std::printf("%-14s %-6s %5lld %10.1f %8.1f %10.1f %8.2f %5.0f%% %12.0f %8.1f %5d %s%s\n", sh.model.c_str(),
                     fname.c_str(), (long long)T, us, touched, bytes * 1e-6, tbps, 100 * tbps / 4.25,
                     double(T) / us * 1e6, tflops, m.calls,
-                    tc ? "tc" : gu_cluster || dn_cluster ? ("decode cl " + std::to_string(gu_cluster) + "/" +
-                                                             std::to_string(dn_cluster)).c_str()
-                                                          : "decode",
+                    (std::string(tc ? "tc" : gu_cluster || dn_cluster ? "decode cl " + std::to_string(gu_cluster) + "/" +
+                                                                             std::to_string(dn_cluster)
+                                                                       : "decode") +
+                     (from_logits ? " + routing (alone " + std::to_string(route_us).substr(0, 5) + " us)" : ""))
+                        .c_str(),
                     nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
-                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, gu_cluster, dn_cluster});
+                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, gu_cluster, dn_cluster,
+                           route_us});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
+          cudaFree(logits_d[size_t(r)]);
         }
+        cudaFree(cbias_d);
         cudaFree(x);
         cudaFree(y);
         cudaFree(ws);
@@ -364,7 +446,9 @@ int main(int argc, char** argv) {
        << ", \"passes\": " << (r.T + pass_tokens_of(r.tc, r.format == "bf16") - 1) / pass_tokens_of(r.tc, r.format == "bf16") << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls
-       << ", \"replays\": " << r.replays << ", \"clusters\": [" << r.gu_cluster << ", " << r.dn_cluster << "]";
+       << ", \"replays\": " << r.replays << ", \"clusters\": [" << r.gu_cluster << ", " << r.dn_cluster << "]"
+       << ", \"routing\": \"" << opt["routing"] << "\"";
+    if (r.route_us > 0) js << ", \"route_us\": " << r.route_us;
     if (base > 0) js << ", \"bf16_us\": " << base << ", \"speedup_vs_bf16\": " << base / r.us;
     js << "}";
   }

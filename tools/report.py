@@ -261,6 +261,8 @@ def moe_table(runs):
         for r in d["rows"]:
             cl = r.get("clusters", [0, 0])  # decode path: CTAs per cluster of gate_up / down (0: stream-K)
             path = r.get("path", "").replace("_", " ") + (f" (clusters {cl[0]} / {cl[1]})" if any(cl) else "")
+            if r.get("routing") == "logits":  # routed inside the layer; route_us: the routing kernel alone
+                path += f" + routing ({r['route_us']:.1f} us alone)" if "route_us" in r else " + routing"
             sp = f" {path} |" if paths else ""
             if vs:
                 sp += f" {r['speedup_vs_bf16']:.2f}x |" if "speedup_vs_bf16" in r else " |"
