@@ -124,10 +124,10 @@ class MoEBlock(torch.nn.Module):
     def mlp(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         c = self.cfg
         h = _rms(x, self.mlp_norm, eps).reshape(-1, c.hidden).contiguous()
-        top, ids = torch.topk(self.router(h).float(), c.top_k, dim=-1)
-        y = torch.ops.fp4kit.fused_moe(h, ids.to(torch.int32), torch.softmax(top, dim=-1), self.w_gate_up, self.w_down,
-                                       self.fmt, c.intermediate, c.moe_activation, c.moe_layout, self.b_gate_up,
-                                       self.b_down)
+        # Softmax over the top-k logits in one kernel (fp4kit.route; it reads the router's bf16 logits as they are).
+        ids, wts = torch.ops.fp4kit.route(self.router(h), c.top_k)
+        y = torch.ops.fp4kit.fused_moe(h, ids, wts, self.w_gate_up, self.w_down, self.fmt, c.intermediate,
+                                       c.moe_activation, c.moe_layout, self.b_gate_up, self.b_down)
         return x + y.view(x.shape)
 
 

@@ -253,11 +253,11 @@ def test_moe_block_is_the_reference_moe():
     with torch.no_grad():
         got = blk.mlp(x, c.eps)
         h = e2e._rms(x, blk.mlp_norm, c.eps).reshape(-1, c.hidden)
-        top, ids = torch.topk(blk.router(h).float(), c.top_k, dim=-1)
+        # The spec's softmax top-k (ties to the lower id, as the block's routing kernel breaks them)
+        ids, wts = moe.route_softmax_topk(blk.router(h).float(), c.top_k, True)
         gu = [dequantize_packed(blk.w_gate_up[e], "nvfp4", 2 * c.intermediate, c.hidden) for e in range(c.experts)]
         dn = [dequantize_packed(blk.w_down[e], "nvfp4", c.hidden, c.intermediate) for e in range(c.experts)]
-        ref = moe.moe_reference(h, ids.to(torch.int32), torch.softmax(top, -1), gu, dn, blk.b_gate_up, blk.b_down,
-                                c.moe_activation, c.moe_layout)
+        ref = moe.moe_reference(h, ids, wts, gu, dn, blk.b_gate_up, blk.b_down, c.moe_activation, c.moe_layout)
     assert _rel(got - x, ref.view(x.shape)) < 2e-2
 
 
