@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fp4kit/gemm.h"
+#include "fp4kit/moe.h"
 #include "fp4kit/quant.h"
 #include "fp4kit/repack.h"
 #include "fp4kit/routing.h"
@@ -148,6 +149,100 @@ int fp4kit_route(fp4kit_routing_mode mode, int64_t tokens, int num_experts, int 
   a.topk_ids = topk_ids;
   a.topk_weights = topk_weights;
   return report(fp4kit::route(a, stream));
+}
+
+}  // extern "C"
+
+namespace {
+// fp4kit_moe_args -> MoEArgs; the enums checked here (the C++ validator checks the rest).
+fp4kit::Status moe_args_of(const fp4kit_moe_args* c, fp4kit::MoEArgs* a) {
+  using fp4kit::Status;
+  if (!c) return Status::Invalid("args: must not be null");
+  auto experts = [&](const fp4kit_experts& e, const char* nm, int64_t n, int64_t k, fp4kit::ExpertWeights* w) {
+    if (e.kind != FP4KIT_EXPERTS_FP4 && e.kind != FP4KIT_EXPERTS_BF16)
+      return Status::Invalid(std::string(nm) + ".kind: not a valid enumerator");
+    if (e.kind == FP4KIT_EXPERTS_FP4 && !format_ok(e.format))
+      return Status::Invalid(std::string(nm) + ".format: not a valid enumerator");
+    w->format = e.kind == FP4KIT_EXPERTS_FP4 ? to_format(e.format) : fp4kit::Format::kMXFP4;
+    w->kind = e.kind == FP4KIT_EXPERTS_FP4 ? fp4kit::ExpertKind::kFP4 : fp4kit::ExpertKind::kBF16;
+    w->n = n;
+    w->k = k;
+    w->data = e.data;
+    w->stride = e.stride;
+    w->bias = e.bias;
+    return Status::Ok();
+  };
+  if (!dtype_ok(c->act)) return Status::Invalid("act: not a valid enumerator");
+  a->tokens = c->tokens;
+  a->hidden = c->hidden;
+  a->inter = c->inter;
+  a->num_experts = c->num_experts;
+  a->top_k = c->top_k;
+  a->act = to_dtype(c->act);
+  a->x = c->x;
+  a->topk_ids = c->topk_ids;
+  a->topk_weights = c->topk_weights;
+  FP4KIT_RETURN_IF_ERROR(experts(c->gate_up, "gate_up", 2 * c->inter, c->hidden, &a->gate_up));
+  FP4KIT_RETURN_IF_ERROR(experts(c->down, "down", c->hidden, c->inter, &a->down));
+  a->activation = static_cast<fp4kit::MoEActivation>(c->activation);
+  a->layout = static_cast<fp4kit::GateUpLayout>(c->layout);
+  a->alpha = c->alpha;
+  a->limit = c->limit;
+  a->y = c->y;
+  a->workspace = c->workspace;
+  a->workspace_bytes = c->workspace_bytes;
+  a->path = static_cast<fp4kit::MoEPath>(c->path);
+  if (c->routing_mode != 0) {
+    if (c->routing_mode != FP4KIT_ROUTE_SOFTMAX && c->routing_mode != FP4KIT_ROUTE_SIGMOID_GROUPED)
+      return Status::Invalid("routing_mode: must be 0, FP4KIT_ROUTE_SOFTMAX or FP4KIT_ROUTE_SIGMOID_GROUPED (got " +
+                             std::to_string(c->routing_mode) + ")");
+    if (!dtype_ok(c->logits_dtype)) return Status::Invalid("logits_dtype: not a valid enumerator");
+    a->routing.mode = static_cast<fp4kit::RoutingMode>(c->routing_mode);
+    a->routing.logits = c->router_logits;
+    a->routing.logits_dtype = to_dtype(c->logits_dtype);
+    a->routing.renormalize = c->renormalize != 0;
+    a->routing.n_group = c->n_group;
+    a->routing.topk_group = c->topk_group;
+    a->routing.routed_scaling_factor = c->routed_scaling_factor;
+    a->routing.correction_bias = c->correction_bias;
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+extern "C" {
+
+void fp4kit_moe_args_init(fp4kit_moe_args* args) {
+  if (!args) return;
+  const fp4kit::MoEArgs d;
+  *args = fp4kit_moe_args{};
+  args->act = FP4KIT_BF16;
+  args->gate_up.kind = args->down.kind = FP4KIT_EXPERTS_FP4;
+  args->gate_up.format = args->down.format = FP4KIT_MXFP4;
+  args->activation = FP4KIT_SILU_AND_MUL;
+  args->layout = FP4KIT_GATE_UP_CONCATENATED;
+  args->alpha = d.alpha;
+  args->limit = d.limit;
+  args->logits_dtype = FP4KIT_F32;
+  args->renormalize = d.routing.renormalize ? 1 : 0;
+  args->n_group = d.routing.n_group;
+  args->topk_group = d.routing.topk_group;
+  args->routed_scaling_factor = d.routing.routed_scaling_factor;
+}
+
+int fp4kit_moe_workspace_bytes(const fp4kit_moe_args* args, size_t* bytes) {
+  if (!bytes) return report(fp4kit::Status::Invalid("bytes: must not be null"));
+  fp4kit::MoEArgs a;
+  fp4kit::Status s = moe_args_of(args, &a);
+  if (s.ok()) s = fp4kit::moe_workspace_bytes(a, bytes);
+  return report(s);
+}
+
+int fp4kit_fused_moe(const fp4kit_moe_args* args, fp4kit_stream_t stream) {
+  fp4kit::MoEArgs a;
+  fp4kit::Status s = moe_args_of(args, &a);
+  if (s.ok()) s = fp4kit::fused_moe(a, stream);
+  return report(s);
 }
 
 }  // extern "C"

@@ -3,7 +3,8 @@
  * Every function returns 0 on success or a non-zero fp4kit status code (1 invalid argument,
  * 2 not supported, 3 CUDA error, 4 internal); fp4kit_last_error() then gives the message (thread-local,
  * valid until the next fp4kit call on this thread). Pointers are host memory for *_cpu functions and
- * device memory otherwise. Semantics are those of the C++ API (fp4kit/gemm.h, repack.h, quant.h, routing.h). */
+ * device memory otherwise. Semantics are those of the C++ API (fp4kit/gemm.h, repack.h, quant.h, routing.h,
+ * moe.h). */
 #ifndef FP4KIT_FP4KIT_H_
 #define FP4KIT_FP4KIT_H_
 #include <stddef.h>
@@ -57,6 +58,49 @@ int fp4kit_route(fp4kit_routing_mode mode, int64_t tokens, int num_experts, int 
                  fp4kit_dtype logits_dtype, int renormalize, int n_group, int topk_group,
                  float routed_scaling_factor, const float* correction_bias, int32_t* topk_ids, float* topk_weights,
                  fp4kit_stream_t stream);
+
+/* The fused Mixture-of-Experts layer (fp4kit/moe.h): Y [tokens, hidden] from X [tokens, hidden], the
+ * experts' gate_up [2 inter, hidden] and down [hidden, inter] matrices stacked `stride` bytes apart, and
+ * either topk_ids / topk_weights or router logits (routing_mode != 0). Start from fp4kit_moe_args_init()
+ * (the C++ defaults), then set the fields. */
+typedef enum { FP4KIT_EXPERTS_FP4 = 0, FP4KIT_EXPERTS_BF16 = 1 } fp4kit_expert_kind;
+typedef enum { FP4KIT_SILU_AND_MUL = 0, FP4KIT_SWIGLU_OAI = 1 } fp4kit_moe_activation;
+typedef enum { FP4KIT_GATE_UP_CONCATENATED = 0, FP4KIT_GATE_UP_INTERLEAVED = 1 } fp4kit_gate_up_layout;
+typedef struct {
+  fp4kit_expert_kind kind;
+  fp4kit_format format;   /* FP4 experts: prepacked in this format (one packed layout per expert) */
+  const void* data;       /* expert e at data + e * stride */
+  size_t stride;          /* bytes */
+  const void* bias;       /* [num_experts, n] of the activation dtype, or NULL */
+} fp4kit_experts;
+typedef struct {
+  int64_t tokens, hidden, inter;
+  int num_experts, top_k;
+  fp4kit_dtype act;                  /* FP4KIT_BF16 or FP4KIT_F16 */
+  const void* x;                     /* [tokens, hidden] */
+  const int32_t* topk_ids;           /* [tokens, top_k], or NULL when routing from logits */
+  const float* topk_weights;         /* [tokens, top_k], or NULL when routing from logits */
+  fp4kit_experts gate_up, down;
+  fp4kit_moe_activation activation;
+  fp4kit_gate_up_layout layout;
+  float alpha, limit;                /* FP4KIT_SWIGLU_OAI */
+  void* y;                           /* [tokens, hidden] */
+  void* workspace;
+  size_t workspace_bytes;
+  int path;                          /* 0 automatic, 1 decode, 2 tensor core (fp4kit/moe.h MoEPath) */
+  /* Routing from router logits [tokens, num_experts] (fp4kit/routing.h); routing_mode 0: none. */
+  int routing_mode;                  /* 0, FP4KIT_ROUTE_SOFTMAX or FP4KIT_ROUTE_SIGMOID_GROUPED */
+  const void* router_logits;
+  fp4kit_dtype logits_dtype;
+  int renormalize;
+  int n_group, topk_group;
+  float routed_scaling_factor;
+  const float* correction_bias;      /* float32 [num_experts] or NULL */
+} fp4kit_moe_args;
+
+void fp4kit_moe_args_init(fp4kit_moe_args* args);
+int fp4kit_moe_workspace_bytes(const fp4kit_moe_args* args, size_t* bytes);
+int fp4kit_fused_moe(const fp4kit_moe_args* args, fp4kit_stream_t stream);
 
 #ifdef __cplusplus
 }

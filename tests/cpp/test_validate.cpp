@@ -98,4 +98,44 @@ TEST(c_abi_errors) {
   CHECK(std::string(fp4kit_last_error()).find("m: must be >= 1") != std::string::npos);
 }
 
+// The C ABI of the fused MoE layer: the defaults, and rules that need no device (the C++ validator's
+// messages come through; its device-dependent rules are tested in test_moe_gpu).
+TEST(c_abi_moe_errors) {
+  auto last_has = [](const char* needle) { return std::string(fp4kit_last_error()).find(needle) != std::string::npos; };
+  fp4kit_moe_args a;
+  fp4kit_moe_args_init(&a);
+  CHECK(a.alpha == 1.702f && a.limit == 7.0f && a.act == FP4KIT_BF16 && a.routing_mode == 0 && a.renormalize == 1 &&
+        a.n_group == 1 && a.topk_group == 1 && a.routed_scaling_factor == 1.0f && a.topk_ids == nullptr);
+  CHECK_EQ(fp4kit_fused_moe(nullptr, nullptr), 1);
+  CHECK(last_has("args: must not be null"));
+  size_t bytes = 0;
+  CHECK_EQ(fp4kit_moe_workspace_bytes(&a, nullptr), 1);
+  CHECK(last_has("bytes: must not be null"));
+  a.tokens = 0;
+  CHECK_EQ(fp4kit_moe_workspace_bytes(&a, &bytes), 1);
+  CHECK(last_has("tokens: must be >= 1 (got 0)"));
+  fp4kit_moe_args b = a;
+  b.gate_up.kind = static_cast<fp4kit_expert_kind>(7);
+  CHECK_EQ(fp4kit_fused_moe(&b, nullptr), 1);
+  CHECK(last_has("gate_up.kind: not a valid enumerator"));
+  b = a;
+  b.down.format = static_cast<fp4kit_format>(7);
+  CHECK_EQ(fp4kit_fused_moe(&b, nullptr), 1);
+  CHECK(last_has("down.format: not a valid enumerator"));
+  b = a;
+  b.act = static_cast<fp4kit_dtype>(9);
+  CHECK_EQ(fp4kit_fused_moe(&b, nullptr), 1);
+  CHECK(last_has("act: not a valid enumerator"));
+  b = a;
+  b.routing_mode = 5;
+  CHECK_EQ(fp4kit_fused_moe(&b, nullptr), 1);
+  CHECK(last_has("routing_mode: must be 0, FP4KIT_ROUTE_SOFTMAX or FP4KIT_ROUTE_SIGMOID_GROUPED (got 5)"));
+  b = a;
+  b.tokens = 1;
+  b.num_experts = 4;
+  b.top_k = 5;
+  CHECK_EQ(fp4kit_fused_moe(&b, nullptr), 1);
+  CHECK(last_has("top_k: must be in [1, num_experts = 4] (got 5)"));
+}
+
 TEST_MAIN()
