@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4kit/fp4kit.h"
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
 #include "fp4kit/routing.h"
@@ -1137,6 +1138,36 @@ TEST(moe_routes_from_logits) {
       CHECK_MSG(y1 == y2 && finite == int(y2.size()),
                 "variant " << variant << " T=" << T << ": routing inside fused_moe differs from route() + fused_moe ("
                            << finite << " of " << y2.size() << " finite)");
+      // The C ABI's struct gives the same call.
+      fp4kit_moe_args ca;
+      fp4kit_moe_args_init(&ca);
+      ca.tokens = T;
+      ca.hidden = H;
+      ca.inter = I;
+      ca.num_experts = E;
+      ca.top_k = k;
+      ca.x = dx.p;
+      const fp4kit_expert_kind kind = bf16 ? FP4KIT_EXPERTS_BF16 : FP4KIT_EXPERTS_FP4;
+      const fp4kit_format cf = f == Format::kNVFP4 ? FP4KIT_NVFP4 : FP4KIT_MXFP4;
+      ca.gate_up = fp4kit_experts{kind, cf, gu.dev.data, gu.dev.stride, nullptr};
+      ca.down = fp4kit_experts{kind, cf, dn.dev.data, dn.dev.stride, nullptr};
+      ca.routing_mode = variant == 1 ? FP4KIT_ROUTE_SIGMOID_GROUPED : FP4KIT_ROUTE_SOFTMAX;
+      ca.router_logits = dlg.p;
+      ca.n_group = r.n_group;
+      ca.topk_group = r.topk_group;
+      ca.routed_scaling_factor = r.routed_scaling_factor;
+      DevBuf dy3(xb.size() * 2);
+      CUDA_OK(cudaMemset(dy3.p, 0xFF, xb.size() * 2));
+      ca.y = dy3.p;
+      size_t cbytes = 0;
+      CHECK_EQ(fp4kit_moe_workspace_bytes(&ca, &cbytes), 0);
+      CHECK_EQ(cbytes, bytes_r);
+      ca.workspace = ws.p;
+      ca.workspace_bytes = bytes_r;
+      CHECK_MSG(fp4kit_fused_moe(&ca, nullptr) == 0, fp4kit_last_error());
+      std::vector<uint16_t> y3(xb.size());
+      CUDA_OK(cudaMemcpy(y3.data(), dy3.p, y3.size() * 2, cudaMemcpyDeviceToHost));
+      CHECK_MSG(y3 == y2, "variant " << variant << " T=" << T << ": the C ABI's fused MoE differs from the C++ call");
       // Validator: ids given as well, and routing rules.
       MoEArgs c = b;
       c.topk_ids = dids.as<int32_t>();
