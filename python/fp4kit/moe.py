@@ -513,7 +513,8 @@ def fused_moe_from_logits(x: torch.Tensor, router_logits: torch.Tensor, k: int, 
     routing "softmax": route_softmax_topk(router_logits, k, renormalize) (gpt-oss, Mixtral, Qwen3).
     routing "sigmoid_grouped": route_sigmoid_grouped_topk(router_logits, k, n_group, topk_group,
     routed_scaling_factor, correction_bias, renormalize) (DeepSeek-V3). The routing checks router_logits for
-    NaN on the host (a synchronisation): to capture a CUDA graph, route inside it with your own code and call
+    NaN on the host (a synchronisation): to capture a CUDA graph, route with fp4kit.route (the same
+    definitions in one kernel, no synchronisation: a NaN logit gives that token a NaN row) and call
     fused_moe."""
     if routing == "softmax":
         unused = [name for name, changed in (("n_group", n_group != 1), ("topk_group", topk_group != 1),
