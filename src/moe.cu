@@ -21,6 +21,8 @@
 //                 FP16 saturates its input and output at +-65504, see fp4kit/moe.h).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
+// With MoEArgs::routing set, one launch before the passes routes every token from its router logits
+// (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there.
 // Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
 // The kernels of steps 1, 3 and 5 are in kernels/moe_align.cuh and kernels/moe_elementwise.cuh; the
 // GEMMs in decode_gemm.cuh, moe_bf16_gemm.cuh and prefill_gemm_sm90.cuh.
@@ -458,6 +460,13 @@ Status validate(const MoEArgs& a, MoEPlan* plan) {
   if (a.workspace_bytes < plan->total)
     return Status::Invalid("workspace_bytes: must be >= " + std::to_string(plan->total) + " (got " +
                            std::to_string(a.workspace_bytes) + ")");
+  if (a.routing.mode != RoutingMode::kNone) {  // the routing writes into the workspace while it reads the logits
+    const char* lg = static_cast<const char*>(a.routing.logits);
+    const char* wb = static_cast<const char*>(a.workspace);
+    const size_t lg_bytes = size_t(a.tokens) * size_t(a.num_experts) * size_t(dtype_bytes(a.routing.logits_dtype));
+    if (lg < wb + plan->total && wb < lg + lg_bytes)
+      return Status::Invalid("routing.logits: must not overlap the workspace");
+  }
   return Status::Ok();
 }
 

@@ -1176,6 +1176,9 @@ TEST(moe_routes_from_logits) {
       c.routing.logits = nullptr;
       CHECK_ERROR(moe_validate(c), "routing.logits: must not be null");
       c = b;
+      c.routing.logits = ws.p;
+      CHECK_ERROR(moe_validate(c), "routing.logits: must not overlap the workspace");
+      c = b;
       c.routing.mode = static_cast<RoutingMode>(9);
       CHECK_ERROR(moe_workspace_bytes(c, &bytes), "routing.mode: must be RoutingMode::kSoftmaxTopK or kSigmoidGroupedTopK (got 9)");
       c = a;
