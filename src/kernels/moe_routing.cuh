@@ -9,7 +9,8 @@
 //
 // Why it is shaped this way
 //   Routing is a few hundred floats per token: what matters is one launch and no host round trip, so a
-//   warp owns a token and everything stays in its 3E + n_group floats of shared memory:
+//   warp owns a token and everything stays in its 2E + n_group floats of shared memory (keys, scores,
+//   group keys; at most 48 KB for the CTA):
 //   - Lanes stride over the experts (lane, lane + 32, ...). A top-k is k rounds of a warp argmax over
 //     (key, id) pairs with ties to the lower id: every lane ends with the same winner (a total order), and
 //     the owner marks it taken by writing NaN over its key (NaN never compares greater or equal).
