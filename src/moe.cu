@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -165,7 +166,19 @@ struct GroupedPlan {
   int cluster = 0;
 };
 
-Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, GroupedPlan* out) {
+// Clusters of one (an experiment, off unless FP4KIT_MOE_CLUSTER_ONE=1 or detail::set_moe_cluster_one):
+// see plan_grouped.
+int g_cluster_one = -1;  // -1: the environment decides
+bool moe_cluster_one() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP4KIT_MOE_CLUSTER_ONE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return g_cluster_one < 0 ? env : g_cluster_one == 1;
+}
+
+// fuse_act: gate_up with interleaved gate/up rows (its cluster reduction can apply the activation).
+Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, bool fuse_act, GroupedPlan* out) {
   GroupedPlan p;
   const PackedWeight pw{w.format, w.n, w.k, nullptr};
   FP4KIT_RETURN_IF_ERROR(
@@ -197,6 +210,15 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
     if (s_max >= 2 && per_cta >= 2 && per_cta <= std::min<int64_t>(kMaxSlicesPerCta, stream_k_share)) {
       p.cluster = int((km + per_cta - 1) / per_cta);
       p.grid = int(rgs * p.cluster);
+      p.fn = fn;
+    } else if (fuse_act && moe_cluster_one() && s_max == 1 && stream_k_share == km) {
+      // Clusters of one: where the balanced stream-K ranges give every CTA one whole row group (gpt-oss
+      // gate_up at T = 2: 360 row groups of 6 slices on 396 CTAs), the cluster kernel makes the same cut
+      // with no split to reduce, and its reduction (through the CTA's own shared memory) applies the
+      // activation, so the activation launch goes as at T = 1. Expected ~1.3 us of ~52; not yet measured:
+      // off unless asked for (docs/moe-notes.md).
+      p.cluster = 1;
+      p.grid = int(rgs);
       p.fn = fn;
     }
   }
@@ -312,8 +334,9 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // An expert with r rows takes 1 + (r - 1) / block_rows entries: at most max_active + (pairs -
     // max_active) / block_rows in all (the most when every expert the pass can touch is touched).
     p.max_entries = p.max_active + (p.pairs - p.max_active) / p.block_rows;
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.gate_up, a.act, p.max_entries, nt, &p.gu));
-    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, &p.dn));
+    FP4KIT_RETURN_IF_ERROR(
+        plan_grouped(a.gate_up, a.act, p.max_entries, nt, a.layout == GateUpLayout::kInterleaved, &p.gu));
+    FP4KIT_RETURN_IF_ERROR(plan_grouped(a.down, a.act, p.max_entries, nt, false, &p.dn));
     p.sms = p.gu.sms;
     // Interleaved gate/up rows put each pair in one row group, so a gate_up in cluster mode writes the
     // activations itself and the activation launch goes.
@@ -486,6 +509,8 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 }
 
 namespace detail {
+void set_moe_cluster_one(int on) { g_cluster_one = on; }
+
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
   MoEPlan plan;

@@ -11,5 +11,10 @@ namespace detail {
 // launch).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
 
+// Clusters of one for gate_up with interleaved rows (moe.cu, plan_grouped; an experiment): 1 on, 0 off,
+// -1 as the environment says (FP4KIT_MOE_CLUSTER_ONE=1 turns it on; default off). Not thread-safe: set it
+// before the calls it should affect.
+void set_moe_cluster_one(int on);
+
 }  // namespace detail
 }  // namespace fp4kit
