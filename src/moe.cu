@@ -166,15 +166,17 @@ struct GroupedPlan {
   int cluster = 0;
 };
 
-// Clusters of one (an experiment, off unless FP4KIT_MOE_CLUSTER_ONE=1 or detail::set_moe_cluster_one):
-// see plan_grouped.
-int g_cluster_one = -1;  // -1: the environment decides
-bool moe_cluster_one() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP4KIT_MOE_CLUSTER_ONE");
-    return v != nullptr && std::string(v) == "1";
+// The grouped cluster mode's rule (plan_grouped), for same-build A/B runs: FP4KIT_MOE_CLUSTERS=0 never
+// (stream-K only), unset or 1 the rule below, "one" the rule plus clusters of one (an experiment);
+// detail::set_moe_clusters overrides the environment (tests).
+int g_clusters = -1;  // -1: the environment decides
+int moe_clusters() {
+  static const int env = [] {
+    const char* v = std::getenv("FP4KIT_MOE_CLUSTERS");
+    const std::string s = v ? v : "";
+    return s == "0" ? 0 : s == "one" ? 2 : 1;
   }();
-  return g_cluster_one < 0 ? env : g_cluster_one == 1;
+  return g_clusters < 0 ? env : g_clusters;
 }
 
 // fuse_act: gate_up with interleaved gate/up rows (its cluster reduction can apply the activation).
@@ -190,7 +192,7 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
   const int64_t max_units = int64_t(max_active) * p.dense.units;
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
-  if (n_tiles == 1) {
+  if (n_tiles == 1 && moe_clusters() > 0) {
     // Cluster mode where every row group the schedule can hold gets a cluster of S >= 2 CTAs within one
     // wave, each CTA two or three K slices and no more than the balanced stream-K ranges would give it:
     // the same cut (ceil(slices / S) slices per CTA), the split reduced through distributed shared memory
@@ -211,12 +213,12 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
       p.cluster = int((km + per_cta - 1) / per_cta);
       p.grid = int(rgs * p.cluster);
       p.fn = fn;
-    } else if (fuse_act && moe_cluster_one() && s_max == 1 && stream_k_share == km) {
+    } else if (fuse_act && moe_clusters() == 2 && s_max == 1 && stream_k_share == km) {
       // Clusters of one: where the balanced stream-K ranges give every CTA one whole row group (gpt-oss
       // gate_up at T = 2: 360 row groups of 6 slices on 396 CTAs), the cluster kernel makes the same cut
       // with no split to reduce, and its reduction (through the CTA's own shared memory) applies the
       // activation, so the activation launch goes as at T = 1. Expected ~1.3 us of ~52; not yet measured:
-      // off unless asked for (docs/moe-notes.md).
+      // only with FP4KIT_MOE_CLUSTERS=one (docs/moe-notes.md).
       p.cluster = 1;
       p.grid = int(rgs);
       p.fn = fn;
@@ -509,7 +511,7 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 }
 
 namespace detail {
-void set_moe_cluster_one(int on) { g_cluster_one = on; }
+void set_moe_clusters(int rule) { g_clusters = rule; }
 
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");

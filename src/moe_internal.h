@@ -11,10 +11,10 @@ namespace detail {
 // launch).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
 
-// Clusters of one for gate_up with interleaved rows (moe.cu, plan_grouped; an experiment): 1 on, 0 off,
-// -1 as the environment says (FP4KIT_MOE_CLUSTER_ONE=1 turns it on; default off). Not thread-safe: set it
-// before the calls it should affect.
-void set_moe_cluster_one(int on);
+// The decode path's cluster rule (moe.cu, plan_grouped): 0 never (stream-K only), 1 the default rule, 2
+// the rule plus clusters of one for gate_up with interleaved rows (an experiment), -1 as the environment
+// says (FP4KIT_MOE_CLUSTERS=0 / 1 / one; unset: 1). Not thread-safe: set it before the calls it affects.
+void set_moe_clusters(int rule);
 
 }  // namespace detail
 }  // namespace fp4kit

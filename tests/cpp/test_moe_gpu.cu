@@ -613,17 +613,19 @@ TEST(moe_cluster_mode) {
   if (major < 9) std::printf("  [note] moe_cluster_mode: compute capability %d: stream-K only (no clusters)\n", major);
 }
 
-// T = 2 on the gpt-oss shape (H200 figures): down in clusters of two (3 K slices each, the cut stream-K
-// makes); gate_up (360 row groups of 6 slices, one per CTA under stream-K) runs stream-K, or with clusters
-// of one (detail::set_moe_cluster_one, an experiment) the cluster kernel without a split, applying the
-// activation in its reduction (no activation launch).
+// T = 2 on the gpt-oss shape (H200 figures) under the three cluster rules (detail::set_moe_clusters):
+// none (stream-K only); the default (down in clusters of two, 3 K slices each, the cut stream-K makes;
+// gate_up, 360 row groups of 6 slices, one per CTA under stream-K, stays stream-K); and with clusters of
+// one (an experiment: gate_up in the cluster kernel without a split, applying the activation in its
+// reduction, no activation launch).
 TEST(moe_cluster_of_one) {
   int dev = 0, major = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  for (int one : {0, 1}) {
-    detail::set_moe_cluster_one(one);
+  for (int rule : {0, 1, 2}) {
+    detail::set_moe_clusters(rule);
+    const int want_gu = rule == 2 ? 1 : 0, want_dn = rule == 0 ? 0 : 2;
     for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
       Case c = gpt_oss_case();
       c.T = 2;
@@ -642,8 +644,8 @@ TEST(moe_cluster_of_one) {
       bool act = false;
       CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, &act));
       if (major >= 9 && sms == 132) {
-        CHECK_MSG(gu == one && dn == 2 && act == (one == 1),
-                  "clusters of one " << one << ": gate_up " << gu << ", down " << dn << ", activation in gate_up " << act);
+        CHECK_MSG(gu == want_gu && dn == want_dn && act == (rule == 2),
+                  "cluster rule " << rule << ": gate_up " << gu << ", down " << dn << ", activation in gate_up " << act);
       } else {
         CHECK(gu >= 0 && dn >= 0);
         std::printf("  [note] moe_cluster_of_one: plan figures asserted on a 132-SM sm_90 device only (here cc %d, %d SMs)\n",
@@ -652,7 +654,7 @@ TEST(moe_cluster_of_one) {
       check_case(c);
     }
   }
-  detail::set_moe_cluster_one(-1);
+  detail::set_moe_clusters(-1);
 }
 
 // ---- the tensor-core path (sm_90a): grouped wgmma GEMMs over the experts' gathered rows -------------
