@@ -40,7 +40,8 @@ __version__: str = _C.__version__
 __all__ = ["quantize", "dequantize", "reference_gemm", "packed_layout", "prepack", "unpack", "gemm",
            "cuda_device_count", "group_size", "FP4Weight", "fuse", "check_nibble_order", "deinterleave_gate_up",
            "interleave_gate_up", "swap_nibbles", "load_modelopt_checkpoint", "load_compressed_tensors_checkpoint",
-           "load_gpt_oss_experts", "GptOssExperts", "load_tuning_table", "clear_tuning_table", "dispatch_config",
+           "load_gpt_oss_experts", "GptOssExperts", "load_modelopt_experts", "ModelOptExperts", "load_tuning_table",
+           "clear_tuning_table", "dispatch_config",
            "stack_experts", "fused_moe", "fused_moe_from_logits", "route"]
 
 _GROUP = {"nvfp4": 16, "mxfp4": 32}
@@ -246,5 +247,5 @@ def route(logits, k: int, routing: str = "softmax", renormalize: bool = True, n_
 
 from .weights import (FP4Weight, check_nibble_order, deinterleave_gate_up, fuse, interleave_gate_up,  # noqa: E402
                       swap_nibbles)
-from .loaders import (GptOssExperts, load_compressed_tensors_checkpoint, load_gpt_oss_experts,  # noqa: E402
-                      load_modelopt_checkpoint)
+from .loaders import (GptOssExperts, ModelOptExperts, load_compressed_tensors_checkpoint,  # noqa: E402
+                      load_gpt_oss_experts, load_modelopt_checkpoint, load_modelopt_experts)

@@ -24,9 +24,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .weights import Array, FP4Weight, _check_array, _dtype, _shape, deinterleave_gate_up
+from .weights import Array, FP4Weight, _check_array, _dtype, _shape, deinterleave_gate_up, fuse
 
 __all__ = ["load_modelopt_checkpoint", "load_compressed_tensors_checkpoint", "load_gpt_oss_experts",
+           "load_modelopt_experts", "ModelOptExperts",
            "GptOssExperts"]
 
 PathLike = Union[str, Path]
@@ -355,3 +356,79 @@ def load_gpt_oss_experts(path_or_tensors: Union[PathLike, Mapping[str, Array]], 
         gate_up = [deinterleave_gate_up(w) for w in gate_up]
         gate_up_bias = deinterleave_gate_up(gate_up_bias, axis=1)
     return GptOssExperts(gate_up, down, gate_up_bias, _to_device(t["down_proj_bias"], device), not deinterleave)
+
+
+# ---- ModelOpt NVFP4 per-expert modules -------------------------------------------------------------------
+@dataclass
+class ModelOptExperts:
+    """One layer's MoE experts from per-expert NVFP4 modules (ModelOpt checkpoints of Qwen3-MoE, DeepSeek,
+    Mixtral, ...). gate_up[e]: FP4Weight [2I, H], rows [gate; up] (GateUpLayout concatenated), gate and up
+    each keeping its own tensor scale (per-row tensor scales after fuse); down[e]: FP4Weight [H, I]."""
+    gate_up: List[FP4Weight]
+    down: List[FP4Weight]
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.gate_up)
+
+
+def load_modelopt_experts(path_or_modules: Union[PathLike, Mapping[str, Any]], layer: int, *,
+                          prefix: str = "model.layers.{layer}.mlp.experts.{expert}.",
+                          names: Sequence[str] = ("gate_proj", "up_proj", "down_proj"), device: Any = None,
+                          framework: Optional[str] = None, swap_nibbles: bool = False) -> ModelOptExperts:
+    """The NVFP4 experts of one layer, from a ModelOpt checkpoint directory or from the {module: FP4Weight}
+    mapping load_modelopt_checkpoint returns (load the checkpoint once, then call this per layer).
+
+    Experts are the modules {prefix}{gate}, {prefix}{up} and {prefix}{down} with prefix formatted with
+    `layer` and expert = 0, 1, ... up to the first missing one; names = (gate, up, down): ("gate_proj",
+    "up_proj", "down_proj") for Qwen3-MoE and DeepSeek, ("w1", "w3", "w2") with prefix
+    "model.layers.{layer}.block_sparse_moe.experts.{expert}." for Mixtral. gate and up must be [I, H] and down
+    [H, I], the same for every expert. device, framework, swap_nibbles: as load_modelopt_checkpoint (for a
+    directory)."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer: must be an int >= 0 (got {layer!r})")
+    if isinstance(names, str) or len(names) != 3 or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"names: must be three module names (gate, up, down) (got {names!r})")
+    if isinstance(path_or_modules, Mapping):
+        modules = path_or_modules
+    else:
+        modules = load_modelopt_checkpoint(path_or_modules, device, framework=framework, swap_nibbles=swap_nibbles)
+    gate_n, up_n, down_n = names
+
+    def name(e: int, proj: str) -> str:
+        return prefix.format(layer=layer, expert=e) + proj
+
+    count = 0
+    while name(count, gate_n) in modules:
+        count += 1
+    if count == 0:
+        raise ValueError(f"{name(0, gate_n)}: missing (no experts of layer {layer} under prefix {prefix!r} with "
+                         f"names {tuple(names)})")
+    gate_up, down = [], []
+    shape = None
+    for e in range(count):
+        parts = []
+        for proj in (gate_n, up_n, down_n):
+            key = name(e, proj)
+            if key not in modules:
+                raise ValueError(f"{key}: missing (expert {e} of {count})")
+            w = modules[key]
+            if not isinstance(w, FP4Weight):
+                raise ValueError(f"{key}: must be an NVFP4 module (got {type(w).__name__}; excluded from "
+                                 "quantization in hf_quant_config.json?)")
+            if w.format != "nvfp4":
+                raise ValueError(f"{key}: must be NVFP4 (got {w.format})")
+            parts.append(w)
+        g, u, d = parts
+        (i, h), (iu, hu), (hd, idn) = g.shape, u.shape, d.shape
+        if (iu, hu) != (i, h) or (hd, idn) != (h, i):
+            raise ValueError(f"{name(e, down_n)}: expert {e}: gate and up must be [I, H] and down [H, I] (got "
+                             f"{g.shape}, {u.shape}, {d.shape})")
+        if shape is None:
+            shape = (i, h)
+        elif (i, h) != shape:
+            raise ValueError(f"{name(e, gate_n)}: expert {e} is [{i}, {h}], expert 0 is [{shape[0]}, {shape[1]}]: "
+                             "every expert of a layer has one shape")
+        gate_up.append(fuse([g, u]))
+        down.append(d)
+    return ModelOptExperts(gate_up, down)

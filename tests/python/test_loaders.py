@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import fp4kit
-from fp4kit.loaders import load_compressed_tensors_checkpoint, load_gpt_oss_experts, load_modelopt_checkpoint
+from fp4kit.loaders import (load_compressed_tensors_checkpoint, load_gpt_oss_experts, load_modelopt_checkpoint,
+                             load_modelopt_experts)
 from fp4kit.weights import (FP4Weight, check_nibble_order, deinterleave_gate_up, fuse, interleave_gate_up,
                             swap_nibbles)
 
@@ -536,3 +537,86 @@ def test_torch_weights_on_cpu():
         fuse([fw, FP4Weight.from_modelopt(p, s, ts)])
     with pytest.raises(TypeError, match="weight_scale: must be the same kind of array as weight"):
         FP4Weight.from_modelopt(torch.from_numpy(p), s, ts)
+
+
+# ---- ModelOpt per-expert NVFP4 modules -------------------------------------------------------------------
+def _expert_modules(e, i, h, layer=0, prefix="model.layers.{layer}.mlp.experts.{expert}.",
+                    names=("gate_proj", "up_proj", "down_proj")):
+    """{module: FP4Weight} as load_modelopt_checkpoint returns it, gate and up of different magnitudes (so
+    their tensor scales differ), and the dequantized float matrices."""
+    mods, ref = {}, {}
+    for x in range(e):
+        for j, (proj, n, k) in enumerate(zip(names, (i, i, h), (h, h, i))):
+            p, sc, ts = fp4kit.quantize(_rand(n, k, 100 * x + j, 10.0 ** (j - 1)), "nvfp4")
+            key = prefix.format(layer=layer, expert=x) + proj
+            mods[key] = FP4Weight.from_modelopt(p, sc, np.array(ts, np.float32))
+            ref[key] = fp4kit.dequantize(p, sc, ts, "nvfp4")
+    return mods, ref
+
+
+@pytest.mark.parametrize("names,prefix", [
+    (("gate_proj", "up_proj", "down_proj"), "model.layers.{layer}.mlp.experts.{expert}."),   # Qwen3-MoE, DeepSeek
+    (("w1", "w3", "w2"), "model.layers.{layer}.block_sparse_moe.experts.{expert}.")])       # Mixtral
+def test_modelopt_experts_from_modules(names, prefix):
+    mods, ref = _expert_modules(3, 32, 64, layer=2, prefix=prefix, names=names)
+    mods["model.layers.2.mlp.gate"] = np.zeros((3, 64), np.float32)  # other tensors are ignored
+    ex = load_modelopt_experts(mods, 2, prefix=prefix, names=names)
+    assert ex.num_experts == 3
+    for x in range(3):
+        pre = prefix.format(layer=2, expert=x)
+        assert ex.gate_up[x].shape == (64, 64) and ex.down[x].shape == (64, 32)
+        _eq(ex.gate_up[x].dequantize(), np.concatenate([ref[pre + names[0]], ref[pre + names[1]]]))
+        _eq(ex.down[x].dequantize(), ref[pre + names[2]])
+
+
+def test_modelopt_experts_errors():
+    mods, _ = _expert_modules(2, 32, 64)
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp.experts.0.gate_proj: missing \(no experts of layer 1"):
+        load_modelopt_experts(mods, 1)
+    bad = dict(mods)
+    del bad["model.layers.0.mlp.experts.1.down_proj"]
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts.1.down_proj: missing \(expert 1 of 2\)"):
+        load_modelopt_experts(bad, 0)
+    bad = dict(mods)
+    bad["model.layers.0.mlp.experts.0.up_proj"] = np.zeros((32, 64), np.float32)
+    with pytest.raises(ValueError, match="up_proj: must be an NVFP4 module"):
+        load_modelopt_experts(bad, 0)
+    bad = dict(mods)
+    bad["model.layers.0.mlp.experts.0.up_proj"] = FP4Weight.from_float(_rand(32, 64, 9), "mxfp4")
+    with pytest.raises(ValueError, match="up_proj: must be NVFP4"):
+        load_modelopt_experts(bad, 0)
+    bad = dict(mods)
+    bad["model.layers.0.mlp.experts.1.down_proj"] = FP4Weight.from_float(_rand(64, 48, 9), "nvfp4")
+    with pytest.raises(ValueError, match="expert 1: gate and up must be"):
+        load_modelopt_experts(bad, 0)
+    more, _ = _expert_modules(1, 16, 64)
+    bad = dict(mods)
+    for proj in ("gate_proj", "up_proj"):
+        bad[f"model.layers.0.mlp.experts.1.{proj}"] = more[f"model.layers.0.mlp.experts.0.{proj}"]
+    bad["model.layers.0.mlp.experts.1.down_proj"] = FP4Weight.from_float(_rand(64, 16, 9), "nvfp4")
+    with pytest.raises(ValueError, match="every expert of a layer has one shape"):
+        load_modelopt_experts(bad, 0)
+    with pytest.raises(ValueError, match="names: must be three module names"):
+        load_modelopt_experts(mods, 0, names=("gate_proj", "up_proj"))
+    with pytest.raises(ValueError, match="layer: must be an int >= 0"):
+        load_modelopt_experts(mods, -1)
+
+
+def test_modelopt_experts_from_directory(tmp_path):
+    st = _safetensors()
+    tensors, ref = {}, {}
+    for x in range(2):
+        for j, (proj, n, k) in enumerate((("gate_proj", 32, 64), ("up_proj", 32, 64), ("down_proj", 64, 32))):
+            p, sc, ts = fp4kit.quantize(_rand(n, k, 10 * x + j), "nvfp4")
+            mod = f"model.layers.0.mlp.experts.{x}.{proj}"
+            tensors[mod + ".weight"], tensors[mod + ".weight_scale"] = p, sc
+            tensors[mod + ".weight_scale_2"] = np.array(ts, np.float32)
+            ref[mod] = fp4kit.dequantize(p, sc, ts, "nvfp4")
+    st.save_file(tensors, str(tmp_path / "model.safetensors"))
+    _write_json(tmp_path / "hf_quant_config.json", {"quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    ex = load_modelopt_experts(tmp_path, 0, framework="numpy")
+    assert ex.num_experts == 2
+    for x in range(2):
+        pre = f"model.layers.0.mlp.experts.{x}."
+        _eq(ex.gate_up[x].dequantize(), np.concatenate([ref[pre + "gate_proj"], ref[pre + "up_proj"]]))
+        _eq(ex.down[x].dequantize(), ref[pre + "down_proj"])
