@@ -187,6 +187,22 @@ std::vector<int32_t> make_ids(const Case& c) {
   return ids;
 }
 
+// The case's shapes, dtype, activation and layout as MoEArgs (expert formats and shapes, no pointers).
+MoEArgs case_args(const Case& c) {
+  MoEArgs a;
+  a.tokens = c.T;
+  a.hidden = c.H;
+  a.inter = c.I;
+  a.num_experts = c.E;
+  a.top_k = c.top_k;
+  a.act = c.f16 ? DType::kF16 : DType::kBF16;
+  a.layout = c.layout;
+  a.activation = c.act;
+  a.gate_up = ExpertWeights{c.f, 2 * c.I, c.H, nullptr, 0, nullptr};
+  a.down = ExpertWeights{c.f, c.H, c.I, nullptr, 0, nullptr};
+  return a;
+}
+
 struct Result {
   std::vector<uint16_t> bits;
   std::vector<float> y;
@@ -203,20 +219,12 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   CUDA_OK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&dw, wts.size() * 4));
   CUDA_OK(cudaMemcpy(dw, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
-  MoEArgs a;
-  a.tokens = c.T;
-  a.hidden = c.H;
-  a.inter = c.I;
-  a.num_experts = c.E;
-  a.top_k = c.top_k;
+  MoEArgs a = case_args(c);
   a.x = dx;
   a.topk_ids = static_cast<const int32_t*>(dids);
   a.topk_weights = static_cast<const float*>(dw);
   a.gate_up = gu.dev;
   a.down = dn.dev;
-  a.activation = c.act;
-  a.layout = c.layout;
-  a.act = c.f16 ? DType::kF16 : DType::kBF16;
   a.path = c.path;
   a.token_tile = c.token_tile;
   a.y = dy;
@@ -587,17 +595,7 @@ TEST(moe_cluster_mode) {
     cases.push_back({o2, 3, 0, true});
   }
   for (const Want& w : cases) {
-    MoEArgs a;
-    a.tokens = w.c.T;
-    a.hidden = w.c.H;
-    a.inter = w.c.I;
-    a.num_experts = w.c.E;
-    a.top_k = w.c.top_k;
-    a.act = w.c.f16 ? DType::kF16 : DType::kBF16;
-    a.layout = w.c.layout;
-    a.activation = w.c.act;
-    a.gate_up = ExpertWeights{w.c.f, 2 * w.c.I, w.c.H, nullptr, 0, nullptr};
-    a.down = ExpertWeights{w.c.f, w.c.H, w.c.I, nullptr, 0, nullptr};
+    const MoEArgs a = case_args(w.c);
     int gu = -1, dn = -1;
     bool act = false;
     CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, &act));
@@ -630,16 +628,7 @@ TEST(moe_cluster_of_one) {
       Case c = gpt_oss_case();
       c.T = 2;
       c.f = f;
-      MoEArgs a;
-      a.tokens = c.T;
-      a.hidden = c.H;
-      a.inter = c.I;
-      a.num_experts = c.E;
-      a.top_k = c.top_k;
-      a.layout = c.layout;
-      a.activation = c.act;
-      a.gate_up = ExpertWeights{c.f, 2 * c.I, c.H, nullptr, 0, nullptr};
-      a.down = ExpertWeights{c.f, c.H, c.I, nullptr, 0, nullptr};
+      const MoEArgs a = case_args(c);
       int gu = -1, dn = -1;
       bool act = false;
       CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, &act));
