@@ -166,17 +166,15 @@ struct GroupedPlan {
   int cluster = 0;
 };
 
-// The grouped cluster mode's rule (plan_grouped), for same-build A/B runs: FP4KIT_MOE_CLUSTERS=0 never
-// (stream-K only), unset or 1 the rule below, "one" the rule plus clusters of one (an experiment);
-// detail::set_moe_clusters overrides the environment (tests).
+// The grouped cluster mode (plan_grouped) can be turned off for same-build A/B runs: FP4KIT_MOE_CLUSTERS=0
+// (stream-K only); detail::set_moe_clusters overrides the environment (tests).
 int g_clusters = -1;  // -1: the environment decides
-int moe_clusters() {
-  static const int env = [] {
+bool moe_clusters() {
+  static const bool env = [] {
     const char* v = std::getenv("FP4KIT_MOE_CLUSTERS");
-    const std::string s = v ? v : "";
-    return s == "0" ? 0 : s == "one" ? 2 : 1;
+    return !(v != nullptr && std::string(v) == "0");
   }();
-  return g_clusters < 0 ? env : g_clusters;
+  return g_clusters < 0 ? env : g_clusters != 0;
 }
 
 // fuse_act: gate_up with interleaved gate/up rows (its cluster reduction can apply the activation).
@@ -192,35 +190,30 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
                                                  p.dense.smem_bytes, nullptr, &p.sms, &per_sm));
   const int64_t max_units = int64_t(max_active) * p.dense.units;
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_units, int64_t(per_sm) * p.sms)));
-  if (n_tiles == 1 && moe_clusters() > 0) {
+  if (n_tiles == 1 && moe_clusters()) {
     // Cluster mode where every row group the schedule can hold gets a cluster of S >= 2 CTAs within one
     // wave, each CTA two or three K slices and no more than the balanced stream-K ranges would give it:
     // the same cut (ceil(slices / S) slices per CTA), the split reduced through distributed shared memory
-    // instead of the global fixup. Same-run A/B at T = 1 (docs/moe-notes.md): gpt-oss (2-3 slices per
-    // CTA) 0.6-1.7% faster, 4-6% with the activation in gate_up's reduction; Qwen3-30B-A3B 4-6% slower
-    // where its gate_up clusters took 2 slices per CTA against stream-K's 1 (half the CTAs); Mixtral's
-    // down (5 slices per CTA, the same cut as stream-K) 5-7% slower.
+    // instead of the global fixup; and, unless the reduction also applies the activation (gate_up with
+    // interleaved rows), the clusters fill at most 4/5 of the wave. Same-run A/Bs (docs/moe-notes.md):
+    // gpt-oss at T = 1 (gate_up 360 CTAs in pairs with the activation, down 276 in threes: 70% of the wave)
+    // 5-6% faster than stream-K; its down at T = 2 (368 CTAs in pairs, 93%) 2-3.5% slower; Qwen3-30B-A3B's
+    // gate_up at T = 2 (384 in pairs) even; Mixtral's down (5 slices per CTA) 5-7% slower.
     const GroupedFn fn = grouped_cluster_kernel(w.format, act);
     int per_sm_c = 0, max_cluster = 0;
     FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(fn), p.dense.threads,
                                                    p.dense.smem_bytes, nullptr, nullptr, &per_sm_c, &max_cluster));
     const int64_t rgs = int64_t(max_active) * p.dense.row_groups, km = p.dense.layout.k_macros;
-    const int64_t s_max = std::min<int64_t>({int64_t(per_sm_c) * p.sms / rgs, max_cluster, km});
+    const int64_t resident_c = int64_t(per_sm_c) * p.sms;
+    const int64_t s_max = std::min<int64_t>({resident_c / rgs, max_cluster, km});
     constexpr int64_t kMaxSlicesPerCta = 3;
     const int64_t per_cta = s_max >= 1 ? (km + s_max - 1) / s_max : km;
     const int64_t resident = int64_t(per_sm) * p.sms, stream_k_share = (max_units + resident - 1) / resident;
-    if (s_max >= 2 && per_cta >= 2 && per_cta <= std::min<int64_t>(kMaxSlicesPerCta, stream_k_share)) {
+    const int64_t ctas = rgs * ((km + per_cta - 1) / per_cta);
+    if (s_max >= 2 && per_cta >= 2 && per_cta <= std::min<int64_t>(kMaxSlicesPerCta, stream_k_share) &&
+        (fuse_act || 5 * ctas <= 4 * resident_c)) {
       p.cluster = int((km + per_cta - 1) / per_cta);
-      p.grid = int(rgs * p.cluster);
-      p.fn = fn;
-    } else if (fuse_act && moe_clusters() == 2 && s_max == 1 && stream_k_share == km) {
-      // Clusters of one: where the balanced stream-K ranges give every CTA one whole row group (gpt-oss
-      // gate_up at T = 2: 360 row groups of 6 slices on 396 CTAs), the cluster kernel makes the same cut
-      // with no split to reduce, and its reduction (through the CTA's own shared memory) applies the
-      // activation, so the activation launch goes as at T = 1. Expected ~1.3 us of ~52; not yet measured:
-      // only with FP4KIT_MOE_CLUSTERS=one (docs/moe-notes.md).
-      p.cluster = 1;
-      p.grid = int(rgs);
+      p.grid = int(ctas);
       p.fn = fn;
     }
   }
@@ -511,7 +504,7 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 }
 
 namespace detail {
-void set_moe_clusters(int rule) { g_clusters = rule; }
+void set_moe_clusters(int on) { g_clusters = on; }
 
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");

@@ -11,10 +11,10 @@ namespace detail {
 // launch).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
 
-// The decode path's cluster rule (moe.cu, plan_grouped): 0 never (stream-K only), 1 the default rule, 2
-// the rule plus clusters of one for gate_up with interleaved rows (an experiment), -1 as the environment
-// says (FP4KIT_MOE_CLUSTERS=0 / 1 / one; unset: 1). Not thread-safe: set it before the calls it affects.
-void set_moe_clusters(int rule);
+// The decode path's cluster mode (moe.cu, plan_grouped): 0 never (stream-K only), 1 by its rule, -1 as the
+// environment says (FP4KIT_MOE_CLUSTERS=0 turns it off; default on). Not thread-safe: set it before the
+// calls it affects.
+void set_moe_clusters(int on);
 
 }  // namespace detail
 }  // namespace fp4kit

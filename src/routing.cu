@@ -22,9 +22,9 @@ cudaError_t launch_route(const Routing& r, int64_t tokens, int experts, int top_
   const dim3 block(kernels::kRouteWarps * 32);
   const size_t smem = kernels::kRouteWarps * kernels::route_smem_floats_per_warp(experts, p.n_group) * sizeof(float);
   switch (r.logits_dtype) {
-    case DType::kBF16: return launch_kernel(&kernels::moe_route_kernel<__nv_bfloat16>, grid, block, smem, stream, pdl, p);
-    case DType::kF16: return launch_kernel(&kernels::moe_route_kernel<__half>, grid, block, smem, stream, pdl, p);
-    default: return launch_kernel(&kernels::moe_route_kernel<float>, grid, block, smem, stream, pdl, p);
+    case DType::kBF16: return launch_kernel(kernels::route_kernel<__nv_bfloat16>(experts), grid, block, smem, stream, pdl, p);
+    case DType::kF16: return launch_kernel(kernels::route_kernel<__half>(experts), grid, block, smem, stream, pdl, p);
+    default: return launch_kernel(kernels::route_kernel<float>(experts), grid, block, smem, stream, pdl, p);
   }
 }
 

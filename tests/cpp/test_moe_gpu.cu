@@ -611,34 +611,35 @@ TEST(moe_cluster_mode) {
   if (major < 9) std::printf("  [note] moe_cluster_mode: compute capability %d: stream-K only (no clusters)\n", major);
 }
 
-// T = 2 on the gpt-oss shape (H200 figures) under the three cluster rules (detail::set_moe_clusters):
-// none (stream-K only); the default (down in clusters of two, 3 K slices each, the cut stream-K makes;
-// gate_up, 360 row groups of 6 slices, one per CTA under stream-K, stays stream-K); and with clusters of
-// one (an experiment: gate_up in the cluster kernel without a split, applying the activation in its
-// reduction, no activation launch).
-TEST(moe_cluster_of_one) {
+// The cluster rule on the gpt-oss shape at T = 1 and 2 (H200 figures), with cluster mode on and off
+// (detail::set_moe_clusters, what FP4KIT_MOE_CLUSTERS=0 does): at T = 1 gate_up in pairs with the
+// activation in its reduction and down in threes; at T = 2 stream-K for both (gate_up: one row group per
+// CTA already; down: 368 CTAs in pairs would fill 93% of the wave, measured 2-3.5% slower).
+TEST(moe_cluster_rule_gpt_oss) {
   int dev = 0, major = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  for (int rule : {0, 1, 2}) {
-    detail::set_moe_clusters(rule);
-    const int want_gu = rule == 2 ? 1 : 0, want_dn = rule == 0 ? 0 : 2;
-    for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+  for (int on : {0, 1}) {
+    detail::set_moe_clusters(on);
+    for (int64_t T : {int64_t(1), int64_t(2)}) {
+      const Format f = T == 1 ? Format::kNVFP4 : Format::kMXFP4;
       Case c = gpt_oss_case();
-      c.T = 2;
+      c.T = T;
       c.f = f;
       const MoEArgs a = case_args(c);
       int gu = -1, dn = -1;
       bool act = false;
       CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, &act));
+      const bool clusters = on && T == 1;
       if (major >= 9 && sms == 132) {
-        CHECK_MSG(gu == want_gu && dn == want_dn && act == (rule == 2),
-                  "cluster rule " << rule << ": gate_up " << gu << ", down " << dn << ", activation in gate_up " << act);
+        CHECK_MSG(gu == (clusters ? 2 : 0) && dn == (clusters ? 3 : 0) && act == clusters,
+                  "cluster mode " << on << ", T=" << T << ": gate_up " << gu << ", down " << dn
+                                  << ", activation in gate_up " << act);
       } else {
         CHECK(gu >= 0 && dn >= 0);
-        std::printf("  [note] moe_cluster_of_one: plan figures asserted on a 132-SM sm_90 device only (here cc %d, %d SMs)\n",
-                    major, sms);
+        std::printf("  [note] moe_cluster_rule_gpt_oss: plan figures asserted on a 132-SM sm_90 device only (here cc %d, "
+                    "%d SMs)\n", major, sms);
       }
       check_case(c);
     }

@@ -127,7 +127,7 @@ void run_kernel(const kernels::RouteParams& p) {
         lanes.emplace_back([&, lane] {
           hostwarp::block_idx.x = unsigned(b);
           hostwarp::thread_idx.x = unsigned(w * 32 + lane);
-          kernels::moe_route_kernel<L>(p);
+          kernels::route_kernel<L>(p.experts)(p);
         });
       for (auto& t : lanes) t.join();
     }
