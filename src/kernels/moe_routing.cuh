@@ -130,15 +130,26 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
   int32_t* ids = p.ids + t * k;
   float* w = p.weights + t * k;
 
+  // Every logit (and bias) of this lane is requested before any is used: one memory latency, not V.
+  float lv[V], bv[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int e = lane + 32 * i;
+    lv[i] = e < E ? route_load(lg, e) : 0.0f;
+    bv[i] = e < E && p.bias ? p.bias[e] : 0.0f;
+  }
   bool nan = false;
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) {
-    const float v = route_load(lg, e);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int e = lane + 32 * i;
+    if (e >= E) break;
+    const float v = lv[i];
     nan |= v != v;
     if (p.sigmoid_grouped) {
       const float s = 1.0f / (1.0f + expf(-v));
       score[e] = s;
-      key[e] = s + (p.bias ? p.bias[e] : 0.0f);
+      key[e] = s + bv[i];
     } else {
       key[e] = v;
       mx = fmaxf(mx, v);
@@ -155,7 +166,9 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
   float denom = 0.0f;
   if (!p.sigmoid_grouped && !p.renormalize) {
     mx = warp_max(mx);
-    for (int e = lane; e < E; e += 32) denom += expf(key[e] - mx);
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (lane + 32 * i < E) denom += expf(lv[i] - mx);
     denom = warp_sum(denom);
   }
   __syncwarp();
