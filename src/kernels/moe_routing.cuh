@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
     const float v = lv[i];
     nan |= v != v;
     if (p.sigmoid_grouped) {
-      const float s = 1.0f / (1.0f + expf(-v));
+      const float s = __frcp_rn(1.0f + expf(-v));  // the correctly rounded 1 / x, as a division gives
       score[e] = s;
       key[e] = s + bv[i];
     } else {
@@ -177,9 +177,13 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
     const int gsize = E / p.n_group;
     for (int g = lane; g < p.n_group; g += 32) {
       float a = -INFINITY, b = -INFINITY;  // the group's two largest keys
+      // Lane g starts at member g % gsize of its group: the lanes' reads fall in different banks (groups
+      // of 32 keys would otherwise all hit one bank); the order does not change the two largest.
+      const int off = g % gsize;
 #pragma unroll 8
-      for (int e = g * gsize; e < (g + 1) * gsize; ++e) {
-        const float v = key[e];
+      for (int j = 0; j < gsize; ++j) {
+        const int m = j + off < gsize ? j + off : j + off - gsize;
+        const float v = key[g * gsize + m];
         if (v > a) {
           b = a;
           a = v;
@@ -197,8 +201,11 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
       if (lane == g % 32) gkey[g] = -INFINITY;  // kept
       __syncwarp();
     }
+    // e / gsize as (e + 1/2) / gsize in fp32, truncated: exact for E <= 1024 (the quotient's distance to
+    // an integer, >= 1 / (2 gsize), exceeds the product's rounding error).
+    const float inv_gsize = 1.0f / float(gsize);
     for (int e = lane; e < E; e += 32)
-      if (gkey[e / gsize] != -INFINITY) key[e] = -INFINITY;
+      if (gkey[__float2int_rz((float(e) + 0.5f) * inv_gsize)] != -INFINITY) key[e] = -INFINITY;
     __syncwarp();
   }
 

@@ -102,6 +102,8 @@ inline bool __any_sync(unsigned, bool p) {
 }
 inline void __syncwarp() { hostwarp::barrier.wait(); }
 inline float __int_as_float(int v) { return hostwarp::from(uint32_t(v)); }
+inline float __frcp_rn(float x) { return 1.0f / x; }  // both correctly rounded
+inline int __float2int_rz(float x) { return int(x); }  // truncation
 
 namespace fp4kit {
 namespace kernels {
