@@ -75,18 +75,25 @@ __device__ __forceinline__ float route_load(const float* p, int64_t i) { return 
 __device__ __forceinline__ float route_load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ float route_load(const __half* p, int64_t i) { return __half2float(p[i]); }
 
-// The (key, id) pair every lane agrees on: the largest key, ties to the lower id. Lanes without a
-// candidate pass (-inf, INT_MAX); a NaN key never wins.
+// Keys as unsigned integers in the same order (-0 first made +0, so that keys equal as floats stay
+// equal); NaN (a taken or absent key) below everything, -inf just above it. key_of inverts it.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v != v) return 0u;
+  const uint32_t u = __float_as_uint(v + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_of(uint32_t u) {
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+// The (key, id) pair every lane agrees on: the largest key, ties to the lower id, from each lane's own
+// best pair (lanes without a candidate pass (-inf, INT_MAX)); a NaN key never wins. Two warp reductions
+// (redux.sync, sm_80) instead of five rounds of shuffles: the top-k's rounds are a chain of these.
 __device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-    if (ov > v || (ov == v && oi < i)) {
-      v = ov;
-      i = oi;
-    }
-  }
+  const uint32_t mine = order_key(v);
+  const uint32_t m = __reduce_max_sync(0xffffffffu, mine);
+  i = int(__reduce_min_sync(0xffffffffu, mine == m ? uint32_t(i) : 0xffffffffu));
+  v = key_of(m);
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

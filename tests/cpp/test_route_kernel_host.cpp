@@ -4,6 +4,7 @@
 // control flow that all lanes of a warp take together (the kernel relies on that on the device too). So
 // the kernel's logic (strides, argmax, group masks, weights) is tested without a GPU; test_moe_gpu runs
 // the compiled kernel on the device against the same definitions.
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -103,6 +104,18 @@ inline bool __any_sync(unsigned, bool p) {
 inline void __syncwarp() { hostwarp::barrier.wait(); }
 inline float __int_as_float(int v) { return hostwarp::from(uint32_t(v)); }
 inline float __frcp_rn(float x) { return 1.0f / x; }  // both correctly rounded
+inline uint32_t __float_as_uint(float v) { return hostwarp::bits(v); }
+inline float __uint_as_float(uint32_t u) { return hostwarp::from(u); }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  unsigned m = 0;
+  for (int l = 0; l < 32; ++l) m = std::max(m, unsigned(hostwarp::exchange(v, l)));
+  return m;
+}
+inline unsigned __reduce_min_sync(unsigned, unsigned v) {
+  unsigned m = 0xffffffffu;
+  for (int l = 0; l < 32; ++l) m = std::min(m, unsigned(hostwarp::exchange(v, l)));
+  return m;
+}
 inline int __float2int_rz(float x) { return int(x); }  // truncation
 
 namespace fp4kit {
