@@ -120,6 +120,32 @@ __device__ __forceinline__ void take_best(float* key, int n, int lane, float& be
   warp_argmax(best, id);
 }
 
+// Sorts V (key, id) pairs by descending key, ties by ascending id (a total order, so the bitonic network
+// needs no stability), on registers: every index is a compile-time constant.
+template <int V>
+__device__ __forceinline__ void sort_desc(uint32_t (&ku)[V], uint32_t (&ki)[V]) {
+#pragma unroll
+  for (int size = 2; size <= V; size *= 2) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int j = i ^ stride;
+        if (j <= i) continue;
+        // (i & size) == 0: this pair ends in descending order (i first), else ascending.
+        const bool j_first = ku[j] > ku[i] || (ku[j] == ku[i] && ki[j] < ki[i]);
+        if (j_first == ((i & size) == 0)) {
+          const uint32_t tu = ku[i], ti = ki[i];
+          ku[i] = ku[j];
+          ki[i] = ki[j];
+          ku[j] = tu;
+          ki[j] = ti;
+        }
+      }
+    }
+  }
+}
+
 // V: keys per lane (E <= 32 V) for the top-k rounds, which run on registers.
 template <typename L, int V>
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const RouteParams p) {
@@ -216,32 +242,35 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
     __syncwarp();
   }
 
-  // top_k rounds on registers (kv[i]: expert lane + 32 i; NaN past E and once taken); lane j keeps the
-  // j-th winner.
-  const float taken = __int_as_float(0x7fc00000);  // NaN
-  float kv[V];
+  // top_k rounds on registers: each lane sorts its V (key, id) pairs once (expert lane + 32 i; absent
+  // experts as NaN, last), then a round is two warp reductions over the lanes' heads and the winning lane
+  // drops its head. Lane j keeps the j-th winner.
+  uint32_t ku[V];
+  uint32_t ki[V];
 #pragma unroll
-  for (int i = 0; i < V; ++i) kv[i] = lane + 32 * i < E ? key[lane + 32 * i] : taken;
+  for (int i = 0; i < V; ++i) {
+    ku[i] = lane + 32 * i < E ? order_key(key[lane + 32 * i]) : 0u;
+    ki[i] = uint32_t(lane + 32 * i);
+  }
+  sort_desc<V>(ku, ki);
   float my_key = 0.0f;
   int my_id = -1;
   for (int j = 0; j < k; ++j) {
-    float best = -INFINITY;
-    int id = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {  // ascending ids: `>` keeps the lower id on ties
-      if (kv[i] > best || (kv[i] == best && lane + 32 * i < id)) {
-        best = kv[i];
-        id = lane + 32 * i;
-      }
-    }
-    warp_argmax(best, id);
+    const uint32_t m = __reduce_max_sync(0xffffffffu, ku[0]);
+    const uint32_t win = __reduce_min_sync(0xffffffffu, ku[0] == m ? ki[0] : 0xffffffffu);
     if (lane == j) {
-      my_key = best;
-      my_id = id;
+      my_key = key_of(m);
+      my_id = int(win);
     }
+    if (ki[0] == win) {  // ids are unique: only the winner's head matches
 #pragma unroll
-    for (int i = 0; i < V; ++i)
-      if (lane + 32 * i == id) kv[i] = taken;
+      for (int i = 0; i + 1 < V; ++i) {
+        ku[i] = ku[i + 1];
+        ki[i] = ki[i + 1];
+      }
+      ku[V - 1] = 0u;
+      ki[V - 1] = 0xffffffffu;
+    }
   }
 
   float wt = 0.0f;

@@ -961,6 +961,7 @@ TEST(route_matches_definitions) {
       {RoutingMode::kSoftmaxTopK, 8, 2, 1, 1, false, true, 1.0f},       // Mixtral
       {RoutingMode::kSoftmaxTopK, 128, 8, 1, 1, false, false, 1.0f},    // Qwen3 without renormalization
       {RoutingMode::kSoftmaxTopK, 1024, 32, 1, 1, false, true, 1.0f},   // the limits
+      {RoutingMode::kSoftmaxTopK, 384, 8, 1, 1, false, true, 1.0f},     // Kimi-K2-sized: 12 keys per lane
       {RoutingMode::kSoftmaxTopK, 3, 1, 1, 1, false, false, 1.0f},
       {RoutingMode::kSigmoidGroupedTopK, 256, 8, 8, 4, true, true, 2.5f},  // DeepSeek-V3
       {RoutingMode::kSigmoidGroupedTopK, 256, 8, 8, 8, false, true, 1.0f}, // every group kept

@@ -75,6 +75,15 @@ inline uint32_t exchange(uint32_t v, int src) {
   barrier.wait();
   return r;
 }
+// Every lane's value (one barrier round for a whole-warp reduction or vote).
+inline void gather(uint32_t v, uint32_t (&out)[32]) {
+  const unsigned lane = thread_idx.x % 32;
+  barrier.wait();
+  slots[lane] = v;
+  barrier.wait();
+  for (int l = 0; l < 32; ++l) out[l] = slots[l];
+  barrier.wait();
+}
 inline uint32_t bits(float v) {
   uint32_t b;
   std::memcpy(&b, &v, 4);
@@ -97,8 +106,10 @@ inline int __shfl_xor_sync(unsigned, int v, int off) {
 }
 inline float __shfl_sync(unsigned, float v, int src) { return hostwarp::from(hostwarp::exchange(hostwarp::bits(v), src)); }
 inline bool __any_sync(unsigned, bool p) {
+  uint32_t all[32];
+  hostwarp::gather(p ? 1u : 0u, all);
   bool any = false;
-  for (int l = 0; l < 32; ++l) any |= hostwarp::exchange(p ? 1u : 0u, l) != 0;
+  for (uint32_t v : all) any |= v != 0;
   return any;
 }
 inline void __syncwarp() { hostwarp::barrier.wait(); }
@@ -107,14 +118,14 @@ inline float __frcp_rn(float x) { return 1.0f / x; }  // both correctly rounded
 inline uint32_t __float_as_uint(float v) { return hostwarp::bits(v); }
 inline float __uint_as_float(uint32_t u) { return hostwarp::from(u); }
 inline unsigned __reduce_max_sync(unsigned, unsigned v) {
-  unsigned m = 0;
-  for (int l = 0; l < 32; ++l) m = std::max(m, unsigned(hostwarp::exchange(v, l)));
-  return m;
+  uint32_t all[32];
+  hostwarp::gather(v, all);
+  return *std::max_element(all, all + 32);
 }
 inline unsigned __reduce_min_sync(unsigned, unsigned v) {
-  unsigned m = 0xffffffffu;
-  for (int l = 0; l < 32; ++l) m = std::min(m, unsigned(hostwarp::exchange(v, l)));
-  return m;
+  uint32_t all[32];
+  hostwarp::gather(v, all);
+  return *std::min_element(all, all + 32);
 }
 inline int __float2int_rz(float x) { return int(x); }  // truncation
 
@@ -163,7 +174,9 @@ TEST(route_kernel_source_matches_route_cpu) {
                     {RoutingMode::kSigmoidGroupedTopK, 256, 8, 8, 4, true, true},
                     {RoutingMode::kSigmoidGroupedTopK, 64, 6, 64, 6, true, false},
                     {RoutingMode::kSigmoidGroupedTopK, 40, 3, 5, 2, true, true},
-                    {RoutingMode::kSigmoidGroupedTopK, 96, 4, 48, 48, false, true}};
+                    {RoutingMode::kSigmoidGroupedTopK, 96, 4, 48, 48, false, true},
+                    {RoutingMode::kSoftmaxTopK, 384, 8, 1, 1, false, true},    // 12 keys per lane (sorted as 16)
+                    {RoutingMode::kSoftmaxTopK, 1024, 32, 1, 1, false, false}};  // 32 keys per lane
   std::normal_distribution<float> nd(0.0f, 2.0f);
   std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
   for (const RC& rc : rcs)
