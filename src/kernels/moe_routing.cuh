@@ -9,19 +9,23 @@
 //
 // Why it is shaped this way
 //   Routing is a few hundred floats per token: what matters is one launch and no host round trip, so a
-//   warp owns a token and everything stays in its 2E + n_group floats of shared memory (keys, scores,
-//   group keys; at most 48 KB for the CTA):
-//   - Lanes stride over the experts (lane, lane + 32, ...). A top-k is k rounds of a warp argmax over
-//     (key, id) pairs with ties to the lower id: every lane ends with the same winner (a total order), and
-//     the owner marks it taken by writing NaN over its key (NaN never compares greater or equal). The
-//     expert rounds read each lane's V keys from registers (V a template parameter, E <= 32 V): from
-//     shared memory, every round waited on V dependent loads (DeepSeek-V3's 8 rounds over 256 experts:
-//     ~9 us per call on the H200).
-//   - Groups (DeepSeek-V3): lane g computes group g's key (its two largest), the topk_group winners are
-//     marked by writing -inf over their group key (real group keys are finite: sigmoid plus a finite
+//   warp owns a token, and one warp's dependency chain is the cost (Nsight Compute: ~2000 instructions
+//   at ~6.7 cycles each for DeepSeek-V3): every step below shortens that chain.
+//   - Lanes stride over the experts (lane, lane + 32, ...), V = E / 32 of them per lane (a template
+//     parameter, so they live in registers); all of a lane's logits and biases are requested before any
+//     is used (one memory latency, not V).
+//   - The keys are compared as order-preserving unsigned integers (NaN for absent or taken experts at the
+//     bottom): a warp argmax is two redux.sync (the largest key, then the lowest id holding it) instead of
+//     five shuffle rounds. Each lane sorts its V (key, id) pairs once (a bitonic network on registers), so
+//     a top-k round is those two reductions over the lanes' heads and the winner dropping its head.
+//   - Groups (DeepSeek-V3) go through shared memory (2E + n_group floats per warp, at most 48 KB per CTA):
+//     lane g computes group g's key (its two largest, reads skewed across banks), the topk_group winners
+//     are marked by writing -inf over their group key (real group keys are finite: sigmoid plus a finite
 //     bias), then experts outside the marked groups get key -inf. Skipped when every group is kept.
-//   - The softmax denominator over all E is summed before the rounds take the keys; lane j keeps the j-th
-//     winner, so the weights are one more warp sum.
+//   - The softmax denominator over all E is summed before the rounds; lane j keeps the j-th winner, so the
+//     weights are one more warp sum.
+//   Per call in a CUDA graph on the H200: gpt-oss-120b 2.3 us, Qwen3-30B-A3B 2.5, DeepSeek-V3 5.5-5.6
+//   (docs/moe-notes.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
