@@ -222,7 +222,9 @@ TEST(route_kernel_source_matches_route_cpu) {
       for (size_t i = 0; i < kids.size(); ++i) {
         const bool same_id = kids[i] == rids[i];
         const bool both_nan = std::isnan(kw[i]) && std::isnan(rw[i]);
-        const bool close = std::fabs(kw[i] - rw[i]) <= 1e-6f * std::max(1.0f, std::fabs(rw[i]));
+        // Relative: the softmax denominators are fp32 sums of up to 1024 terms in different orders (the
+        // kernel's lanes and tree, the reference's sequence); the numerators are the same.
+        const bool close = std::fabs(kw[i] - rw[i]) <= 1e-4f * std::fabs(rw[i]);
         bad += same_id && (both_nan || close) ? 0 : 1;
       }
       CHECK_MSG(bad == 0, "mode " << int(rc.mode) << " E=" << E << " k=" << k << " groups " << rc.n_group << "/"

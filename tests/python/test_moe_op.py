@@ -695,7 +695,7 @@ def test_route_matches_torch_definitions(device, dtype, case):
     assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.device.type == device
     rid, rw = _torch_route(lg.float(), k, routing, n_group, topk_group, bias, renorm)
     assert torch.equal(ids.cpu(), rid)
-    torch.testing.assert_close(w.cpu(), rw, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w.cpu(), rw, rtol=5e-5, atol=1e-7)  # fp32 sums of up to E terms, other orders
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])

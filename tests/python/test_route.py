@@ -65,7 +65,7 @@ def test_softmax_matches_definition(e, k, renorm, dtype):
     assert ids.dtype == np.int32 and w.dtype == np.float32 and ids.shape == w.shape == (9, k)
     rid, rw = spec_route(lg, k, "softmax", renorm)
     np.testing.assert_array_equal(ids, rid)
-    np.testing.assert_allclose(w, rw, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(w, rw, rtol=5e-5, atol=1e-7)  # fp32 sums of up to E terms against fp64
 
 
 @pytest.mark.parametrize("e,k,n_group,topk_group,renorm", [(256, 8, 8, 4, True), (256, 8, 8, 8, True),
