@@ -22,7 +22,9 @@ from fp4kit import torch_ops
 SHAPES = [("llama-3.3-70b", "o", 8192, 8192), ("llama-3.1-8b", "o", 4096, 4096), ("llama-3.1-8b", "qkv", 6144, 4096)]
 
 
-def graph_us(fn, calls=20, replays=50):
+def graph_us(fn, calls=20, replays=50, warm=0):
+    """Per-call time of fn(0..calls-1) captured in one CUDA graph: median over `replays` replays, after `warm`
+    untimed ones (tools/bench_routing.py uses it too)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -33,6 +35,8 @@ def graph_us(fn, calls=20, replays=50):
     with torch.cuda.graph(g):
         for i in range(calls):
             fn(i)
+    for _ in range(warm):
+        g.replay()
     times = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -13,11 +13,11 @@ rows) with --json.
 import argparse
 import datetime
 import json
-import statistics
 
 import torch
 
 import fp4kit.ops  # noqa: F401  (registers torch.ops.fp4kit)
+from bench_overhead import graph_us  # tools/: the CUDA-graph timing both tools use
 
 MODELS = [  # name, E, k, grouped (n_group, topk_group, scaling) or None
     ("gpt-oss-120b", 128, 4, None),
@@ -46,30 +46,6 @@ def torch_route(logits, k, grouped, bias):
     return ids.to(torch.int32), w / w.sum(-1, keepdim=True) * scale
 
 
-def graph_us(fn, calls=16, replays=100):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    for _ in range(10):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--t", default="1,16,64,1024", help="token counts (comma-separated)")
@@ -89,8 +65,8 @@ def main():
         routing = "softmax" if grouped is None else "sigmoid_grouped"
         for t in (int(x) for x in a.t.split(",")):
             logits = [torch.randn(t, e, device="cuda", generator=gen).bfloat16() for _ in range(16)]
-            ours = graph_us(lambda i: torch.ops.fp4kit.route(logits[i], k, routing, True, **kw))
-            theirs = graph_us(lambda i: torch_route(logits[i], k, grouped, bias))
+            ours = graph_us(lambda i: torch.ops.fp4kit.route(logits[i], k, routing, True, **kw), 16, 100, warm=10)
+            theirs = graph_us(lambda i: torch_route(logits[i], k, grouped, bias), 16, 100, warm=10)
             print(f"{name:14} {e:4d} {k:2d} {t:5d} {ours:10.2f} {theirs:9.2f} {theirs / ours:7.2f}x")
             rows.append(dict(model=name, E=e, top_k=k, T=t, routing=routing, fp4kit_us=ours, torch_us=theirs,
                              speedup=theirs / ours))
