@@ -23,6 +23,21 @@ bool dtype_ok(fp4kit_dtype d) { return d == FP4KIT_F32 || d == FP4KIT_BF16 || d 
 int bad_enum(const char* what) {
   return report(fp4kit::Status::Invalid(std::string(what) + ": not a valid enumerator"));
 }
+// The C routing fields as fp4kit::Routing (mode already checked); the C++ validator checks the values.
+fp4kit::Status routing_of(fp4kit_routing_mode mode, const void* logits, fp4kit_dtype logits_dtype, int renormalize,
+                          int n_group, int topk_group, float routed_scaling_factor, const float* correction_bias,
+                          fp4kit::Routing* r) {
+  if (!dtype_ok(logits_dtype)) return fp4kit::Status::Invalid("logits_dtype: not a valid enumerator");
+  r->mode = static_cast<fp4kit::RoutingMode>(mode);
+  r->logits = logits;
+  r->logits_dtype = to_dtype(logits_dtype);
+  r->renormalize = renormalize != 0;
+  r->n_group = n_group;
+  r->topk_group = topk_group;
+  r->routed_scaling_factor = routed_scaling_factor;
+  r->correction_bias = correction_bias;
+  return fp4kit::Status::Ok();
+}
 }  // namespace
 
 extern "C" {
@@ -133,19 +148,13 @@ int fp4kit_route(fp4kit_routing_mode mode, int64_t tokens, int num_experts, int 
                  float routed_scaling_factor, const float* correction_bias, int32_t* topk_ids, float* topk_weights,
                  fp4kit_stream_t stream) {
   if (mode != FP4KIT_ROUTE_SOFTMAX && mode != FP4KIT_ROUTE_SIGMOID_GROUPED) return bad_enum("mode");
-  if (!dtype_ok(logits_dtype)) return bad_enum("logits_dtype");
   fp4kit::RouteArgs a;
+  fp4kit::Status s = routing_of(mode, logits, logits_dtype, renormalize, n_group, topk_group, routed_scaling_factor,
+                                correction_bias, &a.routing);
+  if (!s.ok()) return report(s);
   a.tokens = tokens;
   a.num_experts = num_experts;
   a.top_k = top_k;
-  a.routing.mode = static_cast<fp4kit::RoutingMode>(mode);
-  a.routing.logits = logits;
-  a.routing.logits_dtype = to_dtype(logits_dtype);
-  a.routing.renormalize = renormalize != 0;
-  a.routing.n_group = n_group;
-  a.routing.topk_group = topk_group;
-  a.routing.routed_scaling_factor = routed_scaling_factor;
-  a.routing.correction_bias = correction_bias;
   a.topk_ids = topk_ids;
   a.topk_weights = topk_weights;
   return report(fp4kit::route(a, stream));
@@ -196,15 +205,9 @@ fp4kit::Status moe_args_of(const fp4kit_moe_args* c, fp4kit::MoEArgs* a) {
     if (c->routing_mode != FP4KIT_ROUTE_SOFTMAX && c->routing_mode != FP4KIT_ROUTE_SIGMOID_GROUPED)
       return Status::Invalid("routing_mode: must be 0, FP4KIT_ROUTE_SOFTMAX or FP4KIT_ROUTE_SIGMOID_GROUPED (got " +
                              std::to_string(c->routing_mode) + ")");
-    if (!dtype_ok(c->logits_dtype)) return Status::Invalid("logits_dtype: not a valid enumerator");
-    a->routing.mode = static_cast<fp4kit::RoutingMode>(c->routing_mode);
-    a->routing.logits = c->router_logits;
-    a->routing.logits_dtype = to_dtype(c->logits_dtype);
-    a->routing.renormalize = c->renormalize != 0;
-    a->routing.n_group = c->n_group;
-    a->routing.topk_group = c->topk_group;
-    a->routing.routed_scaling_factor = c->routed_scaling_factor;
-    a->routing.correction_bias = c->correction_bias;
+    return routing_of(static_cast<fp4kit_routing_mode>(c->routing_mode), c->router_logits, c->logits_dtype,
+                      c->renormalize, c->n_group, c->topk_group, c->routed_scaling_factor, c->correction_bias,
+                      &a->routing);
   }
   return Status::Ok();
 }

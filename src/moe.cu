@@ -268,7 +268,8 @@ struct MoEPlan {
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
-  size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, route_off = 0, total = 0;
+  size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
+  size_t route_ids_off = 0, route_w_off = 0;  // routing from logits: ids and weights of every token
   size_t counters_bytes = 0;
 };
 
@@ -365,8 +366,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   }
   // Routing from logits: ids and weights of every token (all passes), written before the first pass.
   off = align256(off);
-  p.route_off = off;
-  if (a.routing.mode != RoutingMode::kNone) off += 2 * align256(size_t(a.tokens) * size_t(a.top_k) * 4);
+  if (a.routing.mode != RoutingMode::kNone) {
+    const size_t slots = align256(size_t(a.tokens) * size_t(a.top_k) * 4);
+    p.route_ids_off = off;
+    p.route_w_off = off + slots;
+    off += 2 * slots;
+  }
   p.total = align256(off);
   *out = p;
   return Status::Ok();
@@ -478,13 +483,11 @@ Status validate(const MoEArgs& a, MoEPlan* plan) {
   if (a.workspace_bytes < plan->total)
     return Status::Invalid("workspace_bytes: must be >= " + std::to_string(plan->total) + " (got " +
                            std::to_string(a.workspace_bytes) + ")");
-  if (a.routing.mode != RoutingMode::kNone) {  // the routing writes into the workspace while it reads the logits
-    const char* lg = static_cast<const char*>(a.routing.logits);
-    const char* wb = static_cast<const char*>(a.workspace);
-    const size_t lg_bytes = size_t(a.tokens) * size_t(a.num_experts) * size_t(dtype_bytes(a.routing.logits_dtype));
-    if (lg < wb + plan->total && wb < lg + lg_bytes)
-      return Status::Invalid("routing.logits: must not overlap the workspace");
-  }
+  // The routing writes into the workspace while it reads the logits.
+  if (a.routing.mode != RoutingMode::kNone &&
+      detail::overlaps(a.routing.logits, detail::logits_bytes(a.routing, a.tokens, a.num_experts), a.workspace,
+                       plan->total))
+    return Status::Invalid("routing.logits: must not overlap the workspace");
   return Status::Ok();
 }
 
@@ -541,8 +544,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   const int32_t* topk_ids = a.topk_ids;
   const float* topk_weights = a.topk_weights;
   if (a.routing.mode != RoutingMode::kNone) {
-    int32_t* ids = reinterpret_cast<int32_t*>(ws + plan.route_off);
-    float* wts = reinterpret_cast<float*>(ws + plan.route_off + align256(size_t(a.tokens) * size_t(a.top_k) * 4));
+    int32_t* ids = reinterpret_cast<int32_t*>(ws + plan.route_ids_off);
+    float* wts = reinterpret_cast<float*>(ws + plan.route_w_off);
     detail::launch_route(a.routing, a.tokens, E, a.top_k, ids, wts, stream, plan.pdl);
     topk_ids = ids;
     topk_weights = wts;

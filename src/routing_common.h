@@ -6,12 +6,23 @@
 #include <string>
 
 #include "fp4kit/routing.h"
+#include "quant_common.h"   // quant_detail::aligned
 #include "repack_common.h"  // detail::str
 
 namespace fp4kit {
 namespace detail {
 
-inline bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+using quant_detail::aligned;
+
+// Whether the byte ranges [a, a + na) and [b, b + nb) share a byte.
+inline bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
+  return pa < pb + nb && pb < pa + na;
+}
+// The bytes of router logits [tokens, experts].
+inline size_t logits_bytes(const Routing& r, int64_t tokens, int experts) {
+  return size_t(tokens) * size_t(experts) * size_t(dtype_bytes(r.logits_dtype));
+}
 
 // The rules that size things: the mode, and the expert and slot counts routing takes.
 inline Status check_routing_shape(RoutingMode mode, int experts, int top_k, const std::string& nm) {
@@ -36,7 +47,7 @@ inline Status check_routing(const Routing& r, int64_t tokens, int experts, int t
     return Status::Invalid(nm + ".logits_dtype: must be float32, bfloat16 or float16 (got " +
                            std::to_string(int(r.logits_dtype)) + ")");
   if (!r.logits) return Status::Invalid(nm + ".logits: must not be null ([tokens, num_experts])");
-  if (!aligned_to(r.logits, size_t(dtype_bytes(r.logits_dtype))))
+  if (!aligned(r.logits, size_t(dtype_bytes(r.logits_dtype))))
     return Status::Invalid(nm + ".logits: must be aligned to " + std::to_string(dtype_bytes(r.logits_dtype)) +
                            " bytes for " + dtype_name(r.logits_dtype));
   if (r.mode == RoutingMode::kSoftmaxTopK) {
@@ -59,25 +70,24 @@ inline Status check_routing(const Routing& r, int64_t tokens, int experts, int t
                            " * " + std::to_string(per_group) + " (got " + std::to_string(top_k) + ")");
   if (!(std::isfinite(r.routed_scaling_factor) && r.routed_scaling_factor > 0.0f))
     return Status::Invalid(nm + ".routed_scaling_factor: must be positive and finite");
-  if (r.correction_bias && !aligned_to(r.correction_bias, 4))
+  if (r.correction_bias && !aligned(r.correction_bias, 4))
     return Status::Invalid(nm + ".correction_bias: must be 4-byte aligned (float32 [num_experts])");
   return Status::Ok();
 }
 
 inline Status check_route_args(const RouteArgs& a) {
   FP4KIT_RETURN_IF_ERROR(check_routing(a.routing, a.tokens, a.num_experts, a.top_k, "routing"));
-  if (!a.topk_ids || !aligned_to(a.topk_ids, 4))
+  if (!a.topk_ids || !aligned(a.topk_ids, 4))
     return Status::Invalid("topk_ids: must be a non-null, 4-byte aligned pointer (int32 [tokens, top_k])");
-  if (!a.topk_weights || !aligned_to(a.topk_weights, 4))
+  if (!a.topk_weights || !aligned(a.topk_weights, 4))
     return Status::Invalid("topk_weights: must be a non-null, 4-byte aligned pointer (float32 [tokens, top_k])");
   const size_t out = size_t(a.tokens) * size_t(a.top_k) * 4;
-  const char* ids = reinterpret_cast<const char*>(a.topk_ids);
-  const char* w = reinterpret_cast<const char*>(a.topk_weights);
-  const char* lg = static_cast<const char*>(a.routing.logits);
-  const size_t lg_bytes = size_t(a.tokens) * size_t(a.num_experts) * size_t(dtype_bytes(a.routing.logits_dtype));
-  if (ids < w + out && w < ids + out) return Status::Invalid("topk_weights: must not overlap topk_ids");
-  if (ids < lg + lg_bytes && lg < ids + out) return Status::Invalid("topk_ids: must not overlap routing.logits");
-  if (w < lg + lg_bytes && lg < w + out) return Status::Invalid("topk_weights: must not overlap routing.logits");
+  const void* lg = a.routing.logits;
+  const size_t lg_bytes = logits_bytes(a.routing, a.tokens, a.num_experts);
+  if (overlaps(a.topk_ids, out, a.topk_weights, out)) return Status::Invalid("topk_weights: must not overlap topk_ids");
+  if (overlaps(a.topk_ids, out, lg, lg_bytes)) return Status::Invalid("topk_ids: must not overlap routing.logits");
+  if (overlaps(a.topk_weights, out, lg, lg_bytes))
+    return Status::Invalid("topk_weights: must not overlap routing.logits");
   return Status::Ok();
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fp4kit/routing.h"
-#include "quant_common.h"  // bf16_to_float, f16_to_float
+#include "quant_common.h"  // load_elem: exact bf16 / fp16 -> fp32
 #include "routing_common.h"
 
 namespace fp4kit {
@@ -17,9 +17,9 @@ namespace {
 
 float logit_at(const Routing& r, int64_t i) {
   switch (r.logits_dtype) {
-    case DType::kBF16: return quant_detail::bf16_to_float(static_cast<const uint16_t*>(r.logits)[i]);
-    case DType::kF16: return quant_detail::f16_to_float(static_cast<const uint16_t*>(r.logits)[i]);
-    default: return static_cast<const float*>(r.logits)[i];
+    case DType::kBF16: return quant_detail::load_elem<DType::kBF16>(r.logits, i);
+    case DType::kF16: return quant_detail::load_elem<DType::kF16>(r.logits, i);
+    default: return quant_detail::load_elem<DType::kF32>(r.logits, i);
   }
 }
 

@@ -90,14 +90,19 @@ __device__ __forceinline__ float key_of(uint32_t u) {
   return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
 
+// The largest order key over the warp, and (win) the lowest id holding it: two warp reductions
+// (redux.sync, sm_80) instead of five rounds of shuffles. Ids are unique, so exactly one lane's pair wins.
+__device__ __forceinline__ uint32_t warp_max_key(uint32_t key, uint32_t id, uint32_t& win) {
+  const uint32_t m = __reduce_max_sync(0xffffffffu, key);
+  win = __reduce_min_sync(0xffffffffu, key == m ? id : 0xffffffffu);
+  return m;
+}
 // The (key, id) pair every lane agrees on: the largest key, ties to the lower id, from each lane's own
-// best pair (lanes without a candidate pass (-inf, INT_MAX)); a NaN key never wins. Two warp reductions
-// (redux.sync, sm_80) instead of five rounds of shuffles: the top-k's rounds are a chain of these.
+// best pair (lanes without a candidate pass (-inf, INT_MAX)); a NaN key never wins.
 __device__ __forceinline__ void warp_argmax(float& v, int& i) {
-  const uint32_t mine = order_key(v);
-  const uint32_t m = __reduce_max_sync(0xffffffffu, mine);
-  i = int(__reduce_min_sync(0xffffffffu, mine == m ? uint32_t(i) : 0xffffffffu));
-  v = key_of(m);
+  uint32_t win;
+  v = key_of(warp_max_key(order_key(v), uint32_t(i), win));
+  i = int(win);
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -260,8 +265,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
   float my_key = 0.0f;
   int my_id = -1;
   for (int j = 0; j < k; ++j) {
-    const uint32_t m = __reduce_max_sync(0xffffffffu, ku[0]);
-    const uint32_t win = __reduce_min_sync(0xffffffffu, ku[0] == m ? ki[0] : 0xffffffffu);
+    uint32_t win;
+    const uint32_t m = warp_max_key(ku[0], ki[0], win);
     if (lane == j) {
       my_key = key_of(m);
       my_id = int(win);
