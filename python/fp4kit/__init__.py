@@ -203,6 +203,16 @@ def fused_moe_from_logits(x, router_logits, k: int, w_gate_up, w_down, format: s
                                      routed_scaling_factor=routed_scaling_factor, correction_bias=correction_bias)
 
 
+def _check_softmax_args(n_group, topk_group, routed_scaling_factor, correction_bias) -> None:
+    """routing="softmax" takes none of the grouped routing's arguments: the first one set raises ValueError."""
+    for name, changed in (("n_group", n_group != 1), ("topk_group", topk_group != 1),
+                          ("routed_scaling_factor", routed_scaling_factor != 1.0),
+                          ("correction_bias", correction_bias is not None)):
+        if changed:
+            raise ValueError(f'{name}: applies to routing="sigmoid_grouped" only (leave it at its default with '
+                             'routing="softmax")')
+
+
 def route(logits, k: int, routing: str = "softmax", renormalize: bool = True, n_group: int = 1,
           topk_group: int = 1, routed_scaling_factor: float = 1.0, correction_bias=None):
     """Mixture-of-experts routing, router logits [T, E] -> (topk_ids int32 [T, k], topk_weights float32 [T, k]).
@@ -220,12 +230,7 @@ def route(logits, k: int, routing: str = "softmax", renormalize: bool = True, n_
     and route_sigmoid_grouped_topk (torch operations, which check the logits for NaN on the host).
     """
     if isinstance(routing, str) and routing == "softmax":
-        for name, v, default in (("n_group", n_group, 1), ("topk_group", topk_group, 1),
-                                 ("routed_scaling_factor", routed_scaling_factor, 1.0),
-                                 ("correction_bias", correction_bias, None)):
-            if not (v is None if default is None else (not isinstance(v, bool) and v == default)):
-                raise ValueError(f'{name}: applies to routing="sigmoid_grouped" only (leave it at its default '
-                                 'with routing="softmax")')
+        _check_softmax_args(n_group, topk_group, routed_scaling_factor, correction_bias)
     for name, v in (("k", k), ("n_group", n_group), ("topk_group", topk_group)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name}: must be an int (got {type(v).__name__})")

@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from . import _check_softmax_args
 from .weights import FP4Weight, _same_format_list
 
 __all__ = ["route_softmax_topk", "route_sigmoid_grouped_topk", "align_tokens", "MoEAlignment", "touched_experts",
@@ -517,12 +518,7 @@ def fused_moe_from_logits(x: torch.Tensor, router_logits: torch.Tensor, k: int, 
     definitions in one kernel, no synchronisation: a NaN logit gives that token a NaN row) and call
     fused_moe."""
     if routing == "softmax":
-        unused = [name for name, changed in (("n_group", n_group != 1), ("topk_group", topk_group != 1),
-                                             ("routed_scaling_factor", routed_scaling_factor != 1.0),
-                                             ("correction_bias", correction_bias is not None)) if changed]
-        if unused:
-            raise ValueError(f'{unused[0]}: applies to routing="sigmoid_grouped" only (leave it at its default '
-                             'with routing="softmax")')
+        _check_softmax_args(n_group, topk_group, routed_scaling_factor, correction_bias)
         ids, wts = route_softmax_topk(router_logits, k, renormalize)
     elif routing == "sigmoid_grouped":
         ids, wts = route_sigmoid_grouped_topk(router_logits, k, n_group, topk_group, routed_scaling_factor,

@@ -337,11 +337,7 @@ def _fused_moe_cuda(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter,
             w_gate_up.data_ptr(), gu_stride, b_gate_up.data_ptr() if b_gate_up is not None else 0,
             w_down.data_ptr(), d_stride, b_down.data_ptr() if b_down is not None else 0, activation, layout,
             float(alpha), float(limit), y.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
-    if dev.index == torch.cuda.current_device():
-        _C.fused_moe(*args)
-    else:
-        with torch.cuda.device(dev):
-            _C.fused_moe(*args)
+    torch_ops._on_device(dev, _C.fused_moe, *args)
     return y
 
 

@@ -46,6 +46,16 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _on_device(device: torch.device, fn, *args) -> None:
+    """fn(*args) with `device` current (the raw entry points launch on the current device); the common case,
+    already current, without a device switch on the hot path."""
+    if device.index == torch.cuda.current_device():
+        fn(*args)
+    else:
+        with torch.cuda.device(device):
+            fn(*args)
+
+
 @functools.lru_cache(maxsize=1024)
 def _total_bytes(format: str, n: int, k: int) -> int:
     return _C.packed_layout(format, n, k)["total_bytes"]
@@ -222,11 +232,7 @@ def gemm(x: torch.Tensor, packed_buffer: torch.Tensor, format: str, n: int, k: i
         ws = _workspace(dev, stream, ws_bytes, zero_bytes=zb)
     args = (m, act, x.data_ptr(), format, n, k, packed_buffer.data_ptr(), bias.data_ptr() if bias is not None else 0,
             out.data_ptr(), ws.data_ptr() if ws is not None else 0, ws_bytes, stream)
-    if dev.index == torch.cuda.current_device():  # the common case: no device switch on the hot path
-        _C.gemm(*args)
-    else:
-        with torch.cuda.device(dev):
-            _C.gemm(*args)
+    _on_device(dev, _C.gemm, *args)
     return out
 
 
@@ -254,8 +260,8 @@ def route(logits: torch.Tensor, k: int, routing: str = "softmax", renormalize: b
     w = torch.empty((t, k), dtype=torch.float32, device=logits.device)
     if t == 0:
         return ids, w
-    with torch.cuda.device(logits.device):
-        _C.route(t, e, k, routing, logits.data_ptr(), _W_DTYPES[logits.dtype], renormalize, n_group, topk_group,
-                 float(routed_scaling_factor), correction_bias.data_ptr() if correction_bias is not None else 0,
-                 ids.data_ptr(), w.data_ptr(), _stream(logits.device))
+    _on_device(logits.device, _C.route, t, e, k, routing, logits.data_ptr(), _W_DTYPES[logits.dtype], renormalize,
+               n_group, topk_group, float(routed_scaling_factor),
+               correction_bias.data_ptr() if correction_bias is not None else 0, ids.data_ptr(), w.data_ptr(),
+               _stream(logits.device))
     return ids, w

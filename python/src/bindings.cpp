@@ -149,6 +149,15 @@ int64_t check_checkpoint(Format f, const HostIn& packed, const HostIn& scales) {
   return k;
 }
 
+// The DType of a float32, float16 or bfloat16 host array (else a TypeError naming it).
+DType float_dtype(const HostIn& a, const char* name) {
+  using C = nb::dlpack::dtype_code;
+  if (is_f32(a.dtype())) return DType::kF32;
+  if (is(a.dtype(), C::Float, 16)) return DType::kF16;
+  if (is(a.dtype(), C::Bfloat, 16)) return DType::kBF16;
+  bad_dtype(a, name, "float32, float16 or bfloat16");
+}
+
 // A new numpy array that owns zero-initialised storage (zeroed so that nothing uninitialised can leak).
 template <typename T> NpOut<T> new_array(std::vector<size_t> shape) {
   size_t count = 1;
@@ -173,12 +182,7 @@ std::tuple<NpOut<uint8_t>, NpOut<uint8_t>, float> quantize_cpu(const HostIn& w, 
                                                                  std::optional<float> tensor_scale) {
   const Format f = parse_format(format);
   check_layout(w, "w", 2);
-  using C = nb::dlpack::dtype_code;
-  DType wd;
-  if (is_f32(w.dtype())) wd = DType::kF32;
-  else if (is(w.dtype(), C::Float, 16)) wd = DType::kF16;
-  else if (is(w.dtype(), C::Bfloat, 16)) wd = DType::kBF16;
-  else bad_dtype(w, "w", "float32, float16 or bfloat16");
+  const DType wd = float_dtype(w, "w");
   if (tensor_scale && f != Format::kNVFP4) value_error("tensor_scale: only NVFP4 has a tensor scale");
   const int64_t n = w.shape(0), k = w.shape(1), g = fp4kit::group_size(f);
   if (k % g != 0)
@@ -478,11 +482,7 @@ std::tuple<NpOut<int32_t>, NpOut<float>> route_cpu(const HostIn& logits, int64_t
   fp4kit::RouteArgs a;
   a.routing = routing_of(routing, renormalize, n_group, topk_group, routed_scaling_factor);
   check_layout(logits, "logits", 2);
-  using C = nb::dlpack::dtype_code;
-  if (is_f32(logits.dtype())) a.routing.logits_dtype = DType::kF32;
-  else if (is(logits.dtype(), C::Float, 16)) a.routing.logits_dtype = DType::kF16;
-  else if (is(logits.dtype(), C::Bfloat, 16)) a.routing.logits_dtype = DType::kBF16;
-  else bad_dtype(logits, "logits", "float32, float16 or bfloat16");
+  a.routing.logits_dtype = float_dtype(logits, "logits");
   const int64_t t = logits.shape(0), e = logits.shape(1);
   if (e < 1 || e > fp4kit::kRoutingMaxExperts)
     value_error("logits: routing takes 1 to " + std::to_string(fp4kit::kRoutingMaxExperts) +
@@ -507,12 +507,7 @@ std::tuple<NpOut<int32_t>, NpOut<float>> route_cpu(const HostIn& logits, int64_t
   if (t == 0) return {ids, w};
   a.topk_ids = data_of(ids);
   a.topk_weights = data_of(w);
-  Status st;
-  {
-    nb::gil_scoped_release nogil;
-    st = fp4kit::route_cpu(a);
-  }
-  check(python_names(st));
+  check_nogil([&] { return python_names(fp4kit::route_cpu(a)); });
   return {ids, w};
 }
 
