@@ -87,7 +87,7 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) 
   double best_cost = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (!is_prefill(c) || !config_supported(c, cc_major)) continue;
+    if (c.pipeline != native_prefill(cc_major) || !config_supported(c, cc_major)) continue;
     const double cost = prefill_cost(c, m, n, k, sms);
     if (!best || cost < best_cost) {  // ties: the earlier entry (whole K before split)
       best = &c;
@@ -99,14 +99,16 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) 
 
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major, int sms, Format f) {
   if (sms <= 0) sms = kDefaultSms;
-  const int prefill = m >= kPrefillMinM ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
+  const int64_t prefill_min_m = cc_major == 9 ? kPrefillMinM : kMmaPrefillMinM;
+  const int prefill = m >= prefill_min_m ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
   if (prefill >= 0) {
     const KernelConfig& best = *find_config(prefill);
     if (why) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.0f", prefill_cost(best, m, n, k, sms));
-      *why = "m=" + std::to_string(m) + ": " + best.name + " (prefill kernel from m >= " + std::to_string(kPrefillMinM) +
-             " on cc 9.x: least modelled time " + buf + ", " + prefill_plan_text(best, m, n, k, sms) + ")";
+      *why = "m=" + std::to_string(m) + ": " + best.name + " (" + (cc_major == 9 ? "wgmma" : "mma.sync") +
+             " prefill kernel from m >= " + std::to_string(prefill_min_m) + " on cc " + std::to_string(cc_major) +
+             ".x: least modelled time " + buf + ", " + prefill_plan_text(best, m, n, k, sms) + ")";
     }
     return prefill;
   }

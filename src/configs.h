@@ -34,7 +34,7 @@ struct KernelConfig {
                           // CTA gets u or u - 1 units (a host-side choice: same kernel as its twin)
 };
 
-enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2, kCluster = 3 };
+enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2, kCluster = 3, kMma = 4 };
 
 // How the fields read for a kWgmma (prefill) entry:
 //   n_tiles    token tile / 8 (token tile BN = 64, 128 or 256 tokens per CTA; any m runs in one launch)
@@ -45,11 +45,23 @@ enum Pipeline : int { kRing = 0, kBulk = 1, kWgmma = 2, kCluster = 3 };
 //   stages     ring stages (what fits in 220 KB: 8 / 5 / 3 for BN = 64 / 128 / 256, 4 in 108 KB for two
 //              CTAs per SM; prefill.cu checks it)
 //   max_splits most K splits (prefill_schedule picks the count per shape)
-constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma; }
+// A kMma entry (the Ampere/Ada prefill kernel, kernels/prefill_gemm_sm80.cuh) reads the same fields with
+// the same tiles (128 weight rows x BN tokens, 128 K per stage, split K as the wgmma kernel), except:
+//   row_tiles  16-row weight tiles per warp (2: 8 warps as 4 row warps x 2 token warps)
+//   warps      8 (no producer warps)
+//   stages     cp.async ring stages of X [BN][128 K] + 8 KB of records (4 at BN = 128: 160 KB, which fits
+//              sm_80 / sm_87 / sm_90; 4 at BN = 64: 96 KB, which fits sm_86 / sm_89's 99 KB too)
+// Both are "prefill" kernels: one launch covers any m, the weights are read once per token tile.
+constexpr bool is_prefill(const KernelConfig& c) { return c.pipeline == kWgmma || c.pipeline == kMma; }
 
-// Whether a device of compute capability major runs the config (the bulk pipeline and the prefill kernel
-// are Hopper-only: sm_90 / sm_90a).
-constexpr bool config_supported(const KernelConfig& c, int cc_major) { return c.pipeline == kRing || cc_major == 9; }
+// Whether a device of compute capability major runs the config (the bulk pipeline and the wgmma prefill
+// kernel are Hopper-only: sm_90 / sm_90a; the ring and mma.sync kernels run on every sm_80+ device).
+constexpr bool config_supported(const KernelConfig& c, int cc_major) {
+  return c.pipeline == kRing || c.pipeline == kMma || cc_major == 9;
+}
+// The prefill kernel family a device of compute capability major runs by default: wgmma on Hopper,
+// mma.sync elsewhere.
+constexpr int native_prefill(int cc_major) { return cc_major == 9 ? kWgmma : kMma; }
 
 // The table. Kernels are instantiated from it at compile time (gemm.cu), so it is the only place a
 // config is written down.
@@ -137,6 +149,13 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     // The model prices them at 2 x (BN + 100) per slice (configs.cpp).
     {40, "p64_w8_s4_b2", 8, 1, 8, 2, 2, 4, kWgmma},
     {41, "p64_w8_s4_b2_k8", 8, 1, 8, 2, 2, 4, kWgmma, 8},
+    // Prefill on sm_80-89 (mma.sync, cp.async; kernels/prefill_gemm_sm80.cuh): CTA = 128 weight rows x BN
+    // tokens, X read in natural K order. BN = 128 needs 160 KB of shared memory (A100, Orin, Hopper); the
+    // BN = 64 entries fit every sm_80+ part (make_plan takes them where the larger ring does not fit).
+    {50, "a128_w8_s4", 16, 2, 8, 1, 2, 4, kMma},
+    {51, "a128_w8_s4_k8", 16, 2, 8, 1, 2, 4, kMma, 8},
+    {52, "a64_w8_s4", 8, 2, 8, 1, 2, 4, kMma},
+    {53, "a64_w8_s4_k8", 8, 2, 8, 1, 2, 4, kMma, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -166,6 +185,10 @@ const KernelConfig* find_config(int id);
 // the decode kernel's 64-token entry, as slow as m = 64, so the prefill kernel takes over above 32.
 // Past 64 tokens the decode kernel would also re-read the weights once per 64-token launch.
 inline constexpr int64_t kPrefillMinM = 33;
+// The same on sm_80-89 (the mma.sync prefill kernel against the decode kernel): from 65 tokens, where the
+// decode kernel would stream the weights a second time. Not measured on an Ampere or Ada part: the H200
+// running both kernels (forced) is the only measurement (docs/prefill-notes.md).
+inline constexpr int64_t kMmaPrefillMinM = 65;
 
 // pick_config takes the cluster twin of its decode pick (cc 9.x) for layers of at most this many row
 // groups whose (row group, K slice) units all fit one wave of resident CTAs, and with one-token tiles
@@ -199,7 +222,7 @@ inline constexpr int64_t kCrossoverMinK = 2048;
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why = nullptr, int cc_major = 9, int sms = 0,
                 Format f = Format::kNVFP4);
 // The prefill entry of least modelled time for any m (what pick_config takes from kPrefillMinM on), or -1
-// where the device runs none.
+// where the device runs none: among the wgmma entries on cc 9.x, the mma.sync entries elsewhere.
 int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major = 9, int sms = 0);
 
 // Prefill scheduling model, shared by the plan and the analytic default (host only).

@@ -12,11 +12,11 @@ namespace detail {
 using DecodeKernelFn = void (*)(const kernels::DecodeParams);
 
 // Entry I of kKernelConfigs as a kernel for (format, activation dtype), dense or grouped (MoE); null for
-// the prefill entries (kWgmma: prefill.cu instantiates their kernels, one per token tile).
+// the prefill entries (kWgmma, kMma: prefill.cu instantiates their kernels, one per token tile).
 template <Format F, typename T, size_t I, bool kGrouped = false>
 DecodeKernelFn decode_kernel_of() {
   constexpr KernelConfig c = kKernelConfigs[I];
-  if constexpr (c.pipeline == kWgmma)
+  if constexpr (c.pipeline == kWgmma || c.pipeline == kMma)
     return nullptr;
   else if constexpr (c.pipeline == kCluster)
     return &kernels::decode_gemm_kernel<F, T, c.n_tiles, c.row_tiles, c.warps, c.min_blocks, c.chunks, c.stages,

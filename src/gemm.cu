@@ -48,7 +48,8 @@ KernelFn select_kernel(Format f, DType act, int id) {
 // Device facts and kernel occupancy, cached per (device, kernel): queried once, read on every call.
 struct DeviceFacts {
   int sms = 0, major = 0, minor = 0;
-  std::string name;  // for tuning-table lookups
+  int smem_optin = 0;  // shared memory per block with opt-in, bytes
+  std::string name;    // for tuning-table lookups
 };
 std::mutex g_mu;
 std::vector<DeviceFacts> g_devices;
@@ -75,6 +76,7 @@ Status device_facts(int* dev, DeviceFacts* out) {
     g_devices[*dev].sms = prop.multiProcessorCount;
     g_devices[*dev].major = prop.major;
     g_devices[*dev].minor = prop.minor;
+    g_devices[*dev].smem_optin = int(prop.sharedMemPerBlockOptin);
     g_devices[*dev].name = prop.name;
   }
   *out = g_devices[*dev];
@@ -141,9 +143,21 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.major, facts.sms);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
-  if (config < 0 && is_prefill(*cfg) && !prefill_runs_here()) {
-    id = pick_config(m, w.n, w.k, nullptr, 8, facts.sms);  // a build without sm_90a code: the decode kernel
+  if (config < 0 && cfg->pipeline == kWgmma && !prefill_runs_here()) {
+    // A build without sm_90a code: what an sm_80 device would run.
+    id = pick_config(m, w.n, w.k, nullptr, 8, facts.sms);
     cfg = find_config(id);
+  }
+  if (config < 0 && cfg->pipeline == kMma && mma_prefill_smem(*cfg) > facts.smem_optin) {
+    // The 128-token ring does not fit this device's shared memory (sm_86 / sm_89: 99 KB): the 64-token
+    // entry of the same K-split kind.
+    for (int i = 0; i < kNumKernelConfigs; ++i) {
+      const KernelConfig& c = kKernelConfigs[i];
+      if (c.pipeline == kMma && c.max_splits == cfg->max_splits && mma_prefill_smem(c) <= facts.smem_optin) {
+        cfg = &c;
+        break;
+      }
+    }
   }
   if (!config_supported(*cfg, facts.major))
     return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +

@@ -13,6 +13,7 @@
 
 #include "fp4kit/repack.h"
 #include "kernels/lane_order.cuh"
+#include "kernels/prefill_gemm_sm80.cuh"
 #include "kernels/prefill_gemm_sm90.cuh"
 #include "launch.h"
 #include "prefill.h"
@@ -23,17 +24,40 @@ namespace detail {
 namespace {
 
 namespace pk = kernels::prefill;
+namespace mk = kernels::mma80;
 using PrefillFn = void (*)(const CUtensorMap, const pk::PrefillParams);
+using MmaFn = void (*)(const pk::PrefillParams);
 
-// The kernel of a token tile: its dynamic shared memory, ring stages and one split's partial-tile floats.
+// The kernel of a token tile (wgmma: a PrefillFn; mma.sync: an MmaFn): its dynamic shared memory, ring
+// stages and one split's partial-tile floats.
 struct PrefillKernel {
-  PrefillFn fn = nullptr;
+  const void* fn = nullptr;
   int smem = 0, stages = 0, partial_floats = 0;
 };
 template <Format F, typename T, int BN, bool kGrouped, int kBlocks = 1>
 PrefillKernel kernel_of() {
   using G = pk::Geometry<BN, kBlocks>;
-  return {pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>, G::kSmem, G::kStages, G::kPartialFloats};
+  return {reinterpret_cast<const void*>(&pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>), G::kSmem, G::kStages,
+          G::kPartialFloats};
+}
+// The mma.sync kernel's ring: 4 stages for both token tiles (configs.h, the kMma entries).
+constexpr int kMmaStages = 4;
+template <Format F, typename T, int BN>
+PrefillKernel mma_kernel_of() {
+  using G = mk::Geometry<BN, kMmaStages>;
+  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages>), G::kSmem, G::kStages,
+          G::kPartialFloats};
+}
+template <Format F, typename T>
+PrefillKernel mma_kernel_for_tile(int bn) {
+  return bn == 64 ? mma_kernel_of<F, T, 64>() : bn == 128 ? mma_kernel_of<F, T, 128>() : PrefillKernel{};
+}
+PrefillKernel select_mma_kernel(Format f, DType act, int bn) {
+  if (f == Format::kNVFP4)
+    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn)
+                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn);
+  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn)
+                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn);
 }
 // blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
 template <Format F, typename T, bool kGrouped>
@@ -81,8 +105,7 @@ Status encode_fn(EncodeTiledFn* out) {
 std::mutex g_mu;
 std::vector<std::pair<std::pair<int, const void*>, bool>> g_checked;
 
-Status check_image(PrefillFn fn) {
-  const void* key = reinterpret_cast<const void*>(fn);
+Status check_image(const void* key) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) {
@@ -121,11 +144,28 @@ bool prefill_runs_here() {
   return major == 9 && check_image(select_kernel<false>(Format::kNVFP4, DType::kBF16, 64).fn).ok();
 }
 
+int mma_prefill_smem(const KernelConfig& cfg) {
+  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles).smem : 0;
+}
+
 namespace {
+
+// The kernel of the kMma table entry `cfg` (dense only), checked against the entry, its dynamic shared
+// memory attribute set (which fails where the device has less shared memory per block than it needs).
+Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, PrefillKernel* k) {
+  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles);
+  if (!k->fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no mma.sync prefill kernel");
+  if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.row_tiles != mk::kWarpRowTiles ||
+      cfg.chunks != mk::kStageChunks || cfg.min_blocks != 1)
+    return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its mma.sync prefill kernel");
+  int per_sm = 0;
+  return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, nullptr, &per_sm);
+}
 
 // The kernel of the kWgmma table entry `cfg` (dense or grouped), checked against the entry, present in this
 // build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
 Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
+  if (cfg.pipeline == kMma) return mma_kernel_for_config(cfg, f, act, k);
   const int bn = 8 * cfg.n_tiles;
   *k = grouped ? select_kernel<true>(f, act, bn, cfg.min_blocks) : select_kernel<false>(f, act, bn, cfg.min_blocks);
   if (!k->fn)
@@ -137,7 +177,7 @@ Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grou
                                        std::to_string(k->stages) + " stages)");
   FP4KIT_RETURN_IF_ERROR(check_image(k->fn));
   int per_sm = 0;  // also sets the kernel's dynamic shared memory attribute, once per device
-  FP4KIT_RETURN_IF_ERROR(resident_per_sm(reinterpret_cast<const void*>(k->fn), pk::kThreads, k->smem, nullptr, sms, &per_sm));
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(k->fn, pk::kThreads, k->smem, nullptr, sms, &per_sm));
   if (per_sm < cfg.min_blocks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + ": " + std::to_string(per_sm) +
                                        " CTAs per SM fit, the entry needs " + std::to_string(cfg.min_blocks));
@@ -153,17 +193,19 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
 
+  const bool mma = cfg.pipeline == kMma;
   DecodePlan p;
   p.cfg = &cfg;
-  p.kernel = reinterpret_cast<const void*>(k.fn);
-  p.threads = pk::kThreads;
+  p.kernel = k.fn;
+  p.threads = mma ? mk::kThreads : pk::kThreads;
   p.smem_bytes = k.smem;
   p.layout = l;
   p.m_block = m;
-  // Passes of equal size (whole token tiles) whose lane-ordered X fits lane_x_pass_bytes.
+  // wgmma: passes of equal size (whole token tiles) whose lane-ordered X fits lane_x_pass_bytes; mma.sync
+  // reads X in place, one pass.
   const int64_t row_bytes = l.k_pad * 2;
   const int64_t cap = std::max<int64_t>(bn, lane_x_pass_bytes / row_bytes / bn * bn);
-  const int64_t passes = (m + cap - 1) / cap;
+  const int64_t passes = mma ? 1 : (m + cap - 1) / cap;
   p.pass_m = std::min(m, ((m + passes - 1) / passes + bn - 1) / bn * bn);
   p.row_groups = int((l.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
   p.token_tiles = int((p.pass_m + bn - 1) / bn);
@@ -179,9 +221,13 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.counters_bytes = counters_region(p.split_tiles);
     p.partials_bytes = size_t(p.split_tiles) * p.splits * k.partial_floats * sizeof(float);
   }
-  // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
-  p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
-  p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
+  if (mma) {
+    p.workspace_bytes = p.counters_bytes + p.partials_bytes;  // X is read in place
+  } else {
+    // Lane-ordered X after the counter region even without splits: other shapes' counters there stay zero.
+    p.lane_x_offset = (std::max(kCounterRegionBytes, p.counters_bytes) + p.partials_bytes + 255) / 256 * 256;
+    p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
+  }
   p.lane_x_sms = sms;
   *out = p;
   return Status::Ok();
@@ -194,6 +240,7 @@ static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_
   pk::PrefillParams p{};
   p.m = int(m);
   p.n = int(l.n);
+  p.k = int(l.k);
   p.row_tiles = int(l.row_tiles);
   p.k_chunks = int(l.k_chunks);
   p.k_macros = int(l.k_macros);
@@ -221,7 +268,30 @@ Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, C
   return Status::Ok();
 }
 
+// The mma.sync kernel: one launch over all m tokens, X in place.
+static Status launch_prefill_mma(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  const PackedLayout& l = plan.layout;
+  const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  const int64_t tiles = int64_t(plan.row_groups) * plan.token_tiles;
+  pk::PrefillParams p = shape_params(l, a.m, plan.row_groups, plan.token_tiles, plan.splits, int(tiles - plan.split_tiles));
+  p.x = a.x;
+  p.y = a.y;
+  p.bias = a.bias;
+  p.weights = base + l.weights_offset;
+  p.scales = base + l.scales_offset;
+  p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
+  p.counters = plan.splits > 1 ? reinterpret_cast<int*>(ws) : nullptr;
+  p.partials = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+  const MmaFn fn = reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel));
+  fn<<<unsigned(plan.grid), plan.threads, plan.smem_bytes, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  if (plan.cfg->pipeline == kMma) return launch_prefill_mma(a, plan, stream);
   const PackedLayout& l = plan.layout;
   const int bn = 8 * plan.cfg->n_tiles;
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);

@@ -1,5 +1,6 @@
-// prefill.h: the Hopper prefill GEMM's host side (kernels/prefill_gemm_sm90.cuh): its part of the launch
-// plan and its launch. gemm() runs it when the chosen config is a kWgmma entry of the config table.
+// prefill.h: the prefill GEMMs' host side (Hopper: kernels/prefill_gemm_sm90.cuh; sm_80+:
+// kernels/prefill_gemm_sm80.cuh): their part of the launch plan and their launch. gemm() runs them when
+// the chosen config is a kWgmma or kMma entry of the config table.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,14 +14,16 @@
 namespace fp4kit {
 namespace detail {
 
-// make_plan's prefill part, for the kWgmma entry `cfg`: kernel, block, shared memory, token tiles, the
-// split tail (prefill_schedule for the device's `sms`), grid and workspace (split K: arrival counters and the
-// partial tiles). Fails with kNotSupported when this build carries no sm_90a code for the kernel.
+// make_plan's prefill part, for the kWgmma or kMma entry `cfg`: kernel, block, shared memory, token tiles,
+// the split tail (prefill_schedule for the device's `sms`), grid and workspace (split K: arrival counters
+// and the partial tiles; wgmma: X in lane order). Fails with kNotSupported when this build carries no sm_90a
+// code for a wgmma kernel.
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* plan);
 
-// A planned prefill GEMM over all m tokens (a validated GemmArgs and its plan): per pass of plan.pass_m
-// tokens, X into lane order in the workspace, then one launch with X as a TMA tensor map built on the
-// host and passed by value, so graph capture works; no allocation, no host synchronisation.
+// A planned prefill GEMM over all m tokens (a validated GemmArgs and its plan). wgmma: per pass of
+// plan.pass_m tokens, X into lane order in the workspace, then one launch with X as a TMA tensor map built
+// on the host and passed by value, so graph capture works. mma.sync: one launch reading X in place. No
+// allocation, no host synchronisation.
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream);
 
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
@@ -68,6 +71,10 @@ cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.
 bool prefill_runs_here();
+
+// Dynamic shared memory of a kMma entry's kernel (0 for other entries): make_plan's dispatch takes the
+// 64-token entries where a device's shared memory per block is smaller.
+int mma_prefill_smem(const KernelConfig& cfg);
 
 }  // namespace detail
 }  // namespace fp4kit

@@ -185,26 +185,17 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
     load_env_once();
     if (!g_table.entries.empty() && g_table.device == device_name) {
       // The bucket of m: the entry with the smallest m_max >= m.
-      const Entry *best = nullptr, *largest = nullptr;
+      const Entry* best = nullptr;
       for (const Entry& e : g_table.entries) {
         if (e.format != f || e.act != act || e.n != n || e.k != k || !config_supported(*find_config(e.config), cc_major))
           continue;
         if (e.m_max >= m && (!best || e.m_max < best->m_max)) best = &e;
-        if (!largest || e.m_max > largest->m_max) largest = &e;
       }
-      // Past the largest bucket: the analytic default, except where that is the decode kernel (no prefill
-      // kernel on this device, or m below its threshold) and the largest bucket is a decode config for
-      // m_max >= 64: it then runs m in 64-token blocks, as tables of m_max <= 64 always meant.
-      bool blocks = false;
-      if (!best && m > 64 && largest && largest->m_max >= 64 && !is_prefill(*find_config(largest->config)) &&
-          !is_prefill(*find_config(pick_config(m, n, k, nullptr, cc_major, sms, f)))) {
-        best = largest;
-        blocks = true;
-      }
+      // Past the largest bucket: the analytic default (from 65 tokens a prefill kernel on every device).
       if (best) {
         if (why)
           *why = std::string("tuning table (") + g_table.device + "): " + find_config(best->config)->name +
-                 " for m <= " + std::to_string(best->m_max) + (blocks ? ", in 64-token blocks above" : "");
+                 " for m <= " + std::to_string(best->m_max);
         return best->config;
       }
     }

@@ -13,10 +13,13 @@
 //   time (one launch per call, event-timed) is reported beside it. Inputs are random, never zeros.
 //   Rows are marked with what dispatch picks (dispatch: true); --config all also times every other config
 //   that applies (decode configs up to twice the n_tiles m needs, the 64-token ones up to m = 256, the
-//   decode default above; prefill configs whose token tile is at most max(64, 2m), split variants only
+//   64-token default above; prefill configs of the device's family (wgmma on Hopper, mma.sync with --as-cc 8) whose token tile is at most max(64, 2m), split variants only
 //   where they split), and --compare (default: on for the *-prefill suites) times the other kernel's
 //   analytic default beside dispatch's pick. Every row is checked: one call at its m on the last weight
 //   copy, its first min(m, 256) tokens against cuBLAS on the dequantized weights (check_rel_l2; BF16 only).
+//   --as-cc 8 dispatches as a device of compute capability 8.x would (the Ampere / Ada path, forced on
+//   this GPU: the decode kernel up to 64 tokens, the mma.sync prefill kernel above; --config all times the
+//   configs such a device runs, --compare the other of those two kernels); the JSON records "as_cc".
 //   --ceiling on also times, the same way, an empty kernel (the launch floor of a call in these graphs) and
 //   a pure read of each prepacked weight (read_stream_kernel: what streaming those bytes costs with
 //   nothing else to do), and with m = 1 in the list cuBLAS's m = 1 time over that read: the most any
@@ -120,7 +123,8 @@ const char* kPrefillMs = "1,16,32,64,128,256,512,1024,2048,4096,8192,16384";
 
 const char* kernel_of(const KernelConfig& c) { return is_prefill(c) ? "prefill" : "decode"; }
 const char* pipeline_of(const KernelConfig& c) {
-  return c.pipeline == kWgmma ? "wgmma" : c.pipeline == kBulk ? "bulk" : c.pipeline == kCluster ? "cluster" : "ring";
+  return c.pipeline == kWgmma ? "wgmma" : c.pipeline == kMma ? "mma" : c.pipeline == kBulk ? "bulk"
+         : c.pipeline == kCluster ? "cluster" : "ring";
 }
 
 // cuBLASLt: Y[m, n] (row-major) = X[m, k] W[n, k]^T, i.e. column-major C[n, m] = W^T(op T) * X.
@@ -186,7 +190,7 @@ int main(int argc, char** argv) {
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
                                             {"tune", ""}, {"layer", ""}, {"compare", "auto"},
-                                            {"ceiling", "off"}};
+                                            {"ceiling", "off"}, {"as-cc", ""}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
   // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
@@ -211,6 +215,7 @@ int main(int argc, char** argv) {
                   "                                    for the *-prefill suites)\n"
                   "                    [--ceiling on|off]  (also time an empty launch and a pure read of each\n"
                   "                                    prepacked weight: what streaming its bytes costs)\n"
+                  "                    [--as-cc 8]     (dispatch as a compute capability 8.x device would)\n"
                   "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
@@ -245,6 +250,11 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  const int cc = opt["as-cc"].empty() ? prop.major : std::atoi(opt["as-cc"].c_str());
+  if (cc != prop.major && cc != 8) {
+    std::fprintf(stderr, "%s: --as-cc must be 8 (got '%s')\n", me, opt["as-cc"].c_str());
+    return 2;
+  }
   const bool bf16 = opt["act"] != "fp16";
   const DType act = bf16 ? DType::kBF16 : DType::kF16;
   // --config all times every applicable config; --tune PATH does the same and writes the fastest per
@@ -321,10 +331,10 @@ int main(int argc, char** argv) {
                  "weight copies (> 2x L2), median of %d replays; "
                  "where a graph takes over 2 ms (large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one "
                  "warm-up: each row's replays, graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; "
-                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank)\",\n  \"copy_ceiling_tbps\": 4.25,\n%s  \"rows\": [\n%s\n  ]\n}\n",
+                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank)\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"as_cc\": %d,\n%s  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
                  date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", kWarmMs, replays, kBudgetMs,
-                 ceilings.str().c_str(), rows.str().c_str());
+                 cc, ceilings.str().c_str(), rows.str().c_str());
     std::fclose(fjson);
     return true;
   };
@@ -432,10 +442,14 @@ int main(int argc, char** argv) {
       int ncfg = 0;
       const KernelConfig* table = kernel_configs(&ncfg);
       std::vector<int> cfgs;
-      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, prop.major, sms);
+      const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, cc, sms);
+      int decode64 = -1;  // the first ring entry of 64 tokens
+      for (int ci = ncfg - 1; ci >= 0; --ci)
+        if (table[ci].pipeline == kRing && table[ci].n_tiles == 8) decode64 = table[ci].id;
       // What --config all times besides the pick (see the contract on top).
       auto applies = [&](const KernelConfig& c) {
-        if (!config_supported(c, prop.major)) return false;
+        if (!config_supported(c, cc)) return false;
+        if (is_prefill(c) && c.pipeline != native_prefill(cc)) return false;
         if (is_prefill(c))
           return 8 * c.n_tiles <= std::max<int64_t>(64, 2 * m) && (c.max_splits <= 1 || prefill_schedule(c, m, n, k, sms).splits > 1);
         if (m <= 64) {
@@ -443,7 +457,7 @@ int main(int argc, char** argv) {
           return c.n_tiles >= need && c.n_tiles <= 2 * need;
         }
         if (m <= 256) return c.n_tiles == 8;
-        return c.id == pick_config(m, n, k, nullptr, 8, sms);  // the decode default (the Ampere path)
+        return c.id == decode64;  // the decode kernel's 64-token default (in 64-token launches)
       };
       cfgs.push_back(picked);
       if (sweep) {
@@ -451,7 +465,7 @@ int main(int argc, char** argv) {
           if (table[ci].id != picked && applies(table[ci])) cfgs.push_back(table[ci].id);
       } else if (compare) {  // the other kernel's analytic default
         const int other = is_prefill(*find_config(picked)) ? pick_config(m, n, k, nullptr, 8, sms)
-                                                           : pick_prefill_config(m, n, k, prop.major, sms);
+                                                           : pick_prefill_config(m, n, k, cc, sms);
         if (other >= 0 && other != picked) cfgs.push_back(other);
       }
       int best_cfg = picked;

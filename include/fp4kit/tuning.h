@@ -12,11 +12,9 @@
 //                                                           nvfp4 bf16 8192 8192 4096 p256_w8_s3
 // An entry serves every m with previous-bucket m_max < m <= m_max; m_max is in [1, 2^31 - 1]. A decode
 // config must cover its bucket in one launch (8 * n_tiles >= m_max; for m_max > 64 the 64-token configs,
-// which run larger m in 64-token blocks); a prefill config (Hopper, any m in one launch) may serve any
-// bucket. Above a shape's largest m_max the analytic default applies, except where that default is the
-// decode kernel (devices without the prefill kernel, or m below its threshold) and the largest entry is a
-// decode config with m_max >= 64: that entry then serves m in 64-token blocks (what tables written for
-// m <= 64 always meant).
+// which run larger m in 64-token blocks); a prefill config (wgmma on Hopper, mma.sync on any device; any m
+// in one launch) may serve any bucket. Entries the current device cannot run are skipped. Above a shape's
+// largest m_max the analytic default applies (from 65 tokens a prefill kernel on every device).
 // The environment variable FP4KIT_TUNING_TABLE names a table to load at the first GEMM; a missing file
 // there means the analytic default.
 #pragma once

@@ -137,7 +137,8 @@ struct PrefillParams {
   const uint8_t* weights;  // prepacked records
   const uint8_t* scales;   // prepacked scale records
   const float* out_scale;  // [n_pad]
-  int m, n;
+  const void* x;           // the mma.sync kernel only (prefill_gemm_sm80.cuh): X [m, k], natural K order
+  int m, n, k;
   int row_tiles, k_chunks, k_macros;
   int row_blocks, token_tiles;  // of 128 rows, of BN tokens
   int splits;                   // K splits of each tile from split_from on (1: every tile whole K)

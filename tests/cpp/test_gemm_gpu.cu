@@ -40,15 +40,19 @@ int device_major() {
   return major;
 }
 
-// The table's entries of one kernel (prefill: kWgmma) that this device runs; the others are skipped
-// visibly.
-std::vector<const KernelConfig*> configs_of(bool prefill) {
+// The table's entries of one kernel kind that this device runs (the decode kernel's; the prefill kernels'
+// (wgmma and mma.sync); the wgmma kernel's only); the others are skipped visibly.
+enum class Kind { kDecode, kPrefill, kWgmma };
+std::vector<const KernelConfig*> configs_of(Kind kind) {
   int count = 0;
   const KernelConfig* cfgs = kernel_configs(&count);
   std::vector<const KernelConfig*> out;
   const int major = device_major();
   for (int ci = 0; ci < count; ++ci) {
-    if (is_prefill(cfgs[ci]) != prefill) continue;
+    const bool want = kind == Kind::kDecode    ? !is_prefill(cfgs[ci])
+                      : kind == Kind::kPrefill ? is_prefill(cfgs[ci])
+                                               : cfgs[ci].pipeline == kWgmma;
+    if (!want) continue;
     if (config_supported(cfgs[ci], major)) out.push_back(&cfgs[ci]);
     else std::printf("  [skip] config %s: needs compute capability 9.x, this device is %d.x\n", cfgs[ci].name, major);
   }
@@ -63,9 +67,10 @@ int64_t device_sms() {
   return sms;
 }
 
-// Whether this device runs the prefill kernel (a Hopper device must; elsewhere the configs print why not).
+// Whether this device runs the wgmma prefill kernel (a Hopper device must; elsewhere the configs print why
+// not).
 bool prefill_here() {
-  if (!configs_of(true).empty()) return true;
+  if (!configs_of(Kind::kWgmma).empty()) return true;
   CHECK(device_major() != 9);
   return false;
 }
@@ -358,7 +363,7 @@ bool probe_one_hot(int64_t r0, int64_t k0, int64_t n, int64_t k, int config) {
 TEST(gemm_matches_reference_all_configs) {
   std::vector<int64_t> ms = {1, 2, 3, 7, 16, 17, 33, 63, 64};
   if (quick()) ms = {3, 17};
-  for (const KernelConfig* cfg : configs_of(false))
+  for (const KernelConfig* cfg : configs_of(Kind::kDecode))
     for (int64_t m : ms)
       for (Format f : {Format::kNVFP4, Format::kMXFP4})
         for (bool bf16 : {true, false}) {
@@ -442,7 +447,7 @@ TEST(gemm_prefill_grid_exact_bitwise) {
     }
 }
 
-// Every prefill config (Hopper) at the m of the issue and at small m (a prefill config chosen for m = 1
+// Every prefill config (wgmma on Hopper, mma.sync everywhere) at the m of the issue and at small m (a prefill config chosen for m = 1
 // must still be right): N = 272 (17 row tiles, the last 128-row block has one), NVFP4 K = 1040 (17
 // chunks, odd, the last partial), MXFP4 K = 1056 (k_pad 1152, a short last slice); the dtype alternates
 // with m, bias on odd m. Small tile counts make the _k8 configs split K (2-3 ways here).
@@ -450,19 +455,53 @@ TEST(gemm_prefill_all_configs) {
   std::vector<int64_t> ms = {1, 17, 64, 128, 129, 255, 256, 1000, 4097};
   if (quick()) ms = {17, 129, 256};
   int i = 0;
-  for (const KernelConfig* cfg : configs_of(true))
+  for (const KernelConfig* cfg : configs_of(Kind::kPrefill))
     for (int64_t m : ms) {
       ++i;
       for (Format f : {Format::kNVFP4, Format::kMXFP4})
         check_case(f, m, 272, f == Format::kNVFP4 ? 1040 : 1056, i % 2 == 0, cfg->id, m % 2 == 1);
     }
   // Both dtypes at one m for every config.
-  for (const KernelConfig* cfg : configs_of(true))
+  for (const KernelConfig* cfg : configs_of(Kind::kPrefill))
     for (bool bf16 : {true, false}) check_case(Format::kMXFP4, 129, 144, 2048, bf16, cfg->id, true);
   // N % 8 != 0 (N = 267, odd): the epilogue stores element by element instead of in 16-byte segments.
-  for (const KernelConfig* cfg : configs_of(true))
+  for (const KernelConfig* cfg : configs_of(Kind::kPrefill))
     for (Format f : {Format::kNVFP4, Format::kMXFP4})
       check_case(f, 129, 267, f == Format::kNVFP4 ? 1040 : 1056, f == Format::kNVFP4, cfg->id, true);
+}
+
+// The mma.sync prefill kernel (sm_80+, forced on Hopper): exact inputs bit for bit over several CTA tiles
+// (129 tokens: a partial token tile; 272 rows: a partial row block), whole K and split K (exact partial
+// sums: the split order cannot show); real shapes through the configs an Ampere device's dispatch picks;
+// two runs the same bits.
+TEST(gemm_mma_prefill) {
+  for (const char* name : {"a128_w8_s4", "a64_w8_s4", "a128_w8_s4_k8", "a64_w8_s4_k8"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4})
+      for (bool bf16 : {true, false}) {
+        const int64_t m = 129, n = 272, k = 2048;
+        const bool split = find_config(config_id(name))->max_splits > 1;
+        CHECK_MSG(!split || plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
+        const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
+        CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
+      }
+  const int sms = int(device_sms());
+  for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+    const int o = pick_config(256, 8192, 8192, nullptr, 8, sms), gptoss = pick_config(1000, 8192 + 16, 2880, nullptr, 8, sms);
+    CHECK_MSG(find_config(o)->pipeline == kMma && find_config(gptoss)->pipeline == kMma, "cc 8 dispatch: not mma.sync");
+    check_case(f, 256, 8192, 8192, true, o, false);
+    check_case(f, 1000, 8192 + 16, 2880, false, gptoss, true);
+    if (!quick()) check_case(f, 4097, 1024 + 16, 1024 + 64 * (f == Format::kNVFP4), true, config_id("a128_w8_s4"), true);
+  }
+  for (const char* name : {"a128_w8_s4_k8", "a64_w8_s4"}) {
+    const Format f = Format::kMXFP4;
+    const int64_t m = 300, n = 1024 + 48, k = 4096 + 64;
+    CkptWeight w = fp4test::random_weight(f, n, k, rng());
+    DeviceWeight dw;
+    prepack_both(w, dw);
+    const auto x = random_x(m, k, true);
+    const RunOut a = run(dw, x, nullptr, m, true, config_id(name)), b = run(dw, x, nullptr, m, true, config_id(name));
+    CHECK_MSG(a.ok && b.ok && a.bits == b.bits, name << ": two runs differ");
+  }
 }
 
 // Off-tile N and K of real size: N = 8192 + 16, K = 2880 (gpt-oss), through dispatch and explicit configs;
@@ -524,15 +563,16 @@ TEST(gemm_prefill_deterministic) {
   }
 }
 
-// Dispatch on this device: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on a
-// Hopper device and from kCrossoverMinM where the models make it faster (8192 x 8192 on 128+ SMs; a decode
-// config elsewhere), and the workspace query agrees with the plan.
+// Dispatch on this device: on Hopper the decode kernel up to m = 16, the wgmma prefill kernel from
+// kPrefillMinM on and from kCrossoverMinM where the models make it faster (8192 x 8192 on 128+ SMs); on
+// sm_80-89 the mma.sync prefill kernel from kMmaPrefillMinM on; and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {
   const int major = device_major();
   const int64_t sms = device_sms();
   for (int64_t m : {int64_t(1), int64_t(16), int64_t(32), kPrefillMinM, int64_t(64), int64_t(256), int64_t(4096)}) {
     const detail::DecodePlan plan = plan_of(m, Format::kNVFP4, 8192, 8192, -1);
-    const bool want_prefill = major == 9 && (m >= kPrefillMinM || (m >= kCrossoverMinM && sms >= 128));
+    const bool want_prefill =
+        major == 9 ? m >= kPrefillMinM || (m >= kCrossoverMinM && sms >= 128) : m >= kMmaPrefillMinM;
     CHECK_MSG(plan.cfg && is_prefill(*plan.cfg) == want_prefill,
               "m=" << m << ": dispatch picked " << (plan.cfg ? plan.cfg->name : "nothing"));
     size_t ws = 0;

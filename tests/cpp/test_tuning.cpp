@@ -55,13 +55,13 @@ TEST(lookup_by_device_shape_and_bucket) {
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 16, 8192, 8192, kDev), id_of("m16_r1_w8_b3_c4x2"));
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 17, 8192, 8192, kDev), pick_config(17, 8192, 8192));
   CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 64, 8192, 8192, kDev), id_of("m64_r2_w8_b1_c8x1"));
-  // Past the largest bucket (64, a decode entry): on Hopper the analytic default, which is the prefill
-  // kernel there; on Ampere the m_max = 64 entry in 64-token blocks (what such tables always meant).
+  // Past the largest bucket (64, a decode entry): the analytic default, which is a prefill kernel there
+  // (wgmma on Hopper, mma.sync on Ampere).
   CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev), pick_config(500, 8192, 8192));
-  CHECK(is_prefill(*find_config(pick_config(500, 8192, 8192))));
-  std::string why_blocks;
-  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev, &why_blocks, 8), id_of("m64_r2_w8_b1_c8x1"));
-  CHECK(why_blocks.find("in 64-token blocks above") != std::string::npos);
+  CHECK(find_config(pick_config(500, 8192, 8192))->pipeline == kWgmma);
+  CHECK_EQ(dispatch_config(Format::kMXFP4, DType::kF16, 500, 8192, 8192, kDev, nullptr, 8),
+           pick_config(500, 8192, 8192, nullptr, 8));
+  CHECK(find_config(pick_config(500, 8192, 8192, nullptr, 8))->pipeline == kMma);
   // Another device, dtype, format or shape: the analytic default.
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kBF16, 16, 8192, 8192, "NVIDIA H100 80GB HBM3"), heur16);
   CHECK_EQ(dispatch_config(Format::kNVFP4, DType::kF16, 16, 8192, 8192, kDev), heur16);
@@ -132,10 +132,13 @@ TEST(prefill_entries_and_large_buckets) {
   CHECK(why.find("p64_w8_s8 for m <= 1") != std::string::npos);
   CHECK_EQ(d(200, 4096), id_of("m64_r2_w8_b1_c4x2"));
   CHECK_EQ(d(257, 4096), pick_config(257, 4096, 4096));
-  // Ampere: prefill entries are skipped, the decode entries serve (64-token blocks past the largest).
+  // Ampere: the wgmma entries are skipped, the decode entries serve their buckets, and past them the
+  // analytic default (the mma.sync kernel from 65 tokens).
   CHECK_EQ(d(1, 4096, 8), id_of("m64_r2_w8_b1_c4x2"));
-  CHECK_EQ(d(1000, 8192, 8), id_of("m64_r2_w8_b1_c8x1"));
-  CHECK_EQ(d(5000, 4096, 8), id_of("m64_r2_w8_b1_c4x2"));
+  CHECK_EQ(d(64, 8192, 8), id_of("m64_r2_w8_b1_c8x1"));
+  CHECK_EQ(d(1000, 8192, 8), pick_config(1000, 8192, 8192, nullptr, 8));
+  CHECK_EQ(d(5000, 4096, 8), pick_config(5000, 4096, 4096, nullptr, 8));
+  CHECK(find_config(d(5000, 4096, 8))->pipeline == kMma);
   clear_tuning_table();
 }
 
@@ -165,7 +168,7 @@ TEST(analytic_default_rule) {
   CHECK_EQ(pick_config(17, 4096, 14336, nullptr, 8), id_of("m32_r1_w8_b2_c4x2"));  // 2^25.8
   CHECK_EQ(pick_config(32, 57344, 8192), id_of("m32_r2_w8_b2_c2x2"));  // Hopper, more than one wave
   CHECK_EQ(pick_config(64, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));     // Ampere (Hopper: prefill)
-  CHECK_EQ(pick_config(1000, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));   // Ampere: 64-token blocks
+  CHECK(find_config(pick_config(1000, 100, 64, nullptr, 8))->pipeline == kMma);    // Ampere: mma.sync prefill
   std::string why;
   pick_config(16, 57344, 8192, &why);
   CHECK(why.find("most row tiles per warp") != std::string::npos);
@@ -222,18 +225,26 @@ TEST(analytic_default_split_k) {
 }
 
 TEST(analytic_default_prefill) {
-  // Hopper: the decode kernel up to m = 16, the prefill kernel from kPrefillMinM on and from kCrossoverMinM
-  // where the models make it faster; Ampere: never.
+  // Hopper: the decode kernel up to m = 16, the wgmma prefill kernel from kPrefillMinM on and from
+  // kCrossoverMinM where the models make it faster; Ampere / Ada: the decode kernel up to 64 tokens, the
+  // mma.sync prefill kernel from kMmaPrefillMinM on.
   CHECK_EQ(kPrefillMinM, 33);
+  CHECK_EQ(kMmaPrefillMinM, 65);
   for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
-      CHECK_EQ(is_prefill(*find_config(pick_config(m, n, 8192))), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
-      CHECK(!is_prefill(*find_config(pick_config(m, n, 8192, nullptr, 8))));
-      CHECK(config_supported(*find_config(pick_config(m, n, 8192, nullptr, 8)), 8));
+      const KernelConfig& hopper = *find_config(pick_config(m, n, 8192));
+      CHECK_EQ(is_prefill(hopper), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
+      CHECK(!is_prefill(hopper) || hopper.pipeline == kWgmma);
+      const KernelConfig& ampere = *find_config(pick_config(m, n, 8192, nullptr, 8, 108));
+      CHECK_EQ(is_prefill(ampere), m >= kMmaPrefillMinM);
+      CHECK(!is_prefill(ampere) || ampere.pipeline == kMma);
+      CHECK(config_supported(ampere, 8));
     }
   std::string why;
   pick_config(256, 8192, 8192, &why);
-  CHECK(why.find("prefill kernel from m >= 33") != std::string::npos);
+  CHECK(why.find("wgmma prefill kernel from m >= 33") != std::string::npos);
+  pick_config(256, 8192, 8192, &why, 8, 108);
+  CHECK(why.find("mma.sync prefill kernel from m >= 65 on cc 8.x") != std::string::npos);
   // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o and down split K 2 ways over
   // 256-token tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
   // 4 ways; gate_up (448 row blocks) three whole-K waves of 256-token tiles and the last 52 split 2 ways;
@@ -290,9 +301,11 @@ TEST(prefill_schedule_rule) {
   CHECK(sched(b2, 64, 8192, 28672) == P(4, 64));     // 64 tiles: 256 CTAs of 14 slices (59 -> 18)
   CHECK(sched(b2, 64, (2 * 132 + 8) * 128, 2048) == P(4, 8));  // one whole wave of 264, the last 8 split
   CHECK(prefill_cost(b2, 64, 10240, 8192, 132) == 2 * (64 + 100) * 10.0);
-  // Config support: the prefill kernel and the bulk pipeline need Hopper.
+  // Config support: the wgmma prefill kernel and the bulk pipeline need Hopper; the mma.sync one runs on all.
   CHECK(config_supported(k8, 9));
   CHECK(!config_supported(k8, 8));
+  CHECK(config_supported(*find_config(id_of("a128_w8_s4_k8")), 8));
+  CHECK(config_supported(*find_config(id_of("a64_w8_s4")), 9));
   CHECK(!config_supported(*find_config(id_of("m64_bulk_w8_s2_b1")), 8));
   CHECK(config_supported(*find_config(id_of("m64_r2_w8_b1_c4x2")), 8));
 }

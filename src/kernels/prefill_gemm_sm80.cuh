@@ -1,0 +1,312 @@
+// prefill_gemm_sm80.cuh: FP4 x BF16/FP16 GEMM for prefill (large m) on Ampere and Ada (sm_80-89): mma.sync
+// with the dequantised weights as the register A operand, X and the weight records staged in shared memory
+// by cp.async.
+//
+// Contract
+//   The wgmma kernel's contract (prefill_gemm_sm90.cuh): Y[m, N] = X[m, K] * W[N, K]^T (+ bias) from the
+//   same prepacked weights (decode_layout.h), the same fp32 epilogue (out_scale, bias, then the cast), the
+//   same tiles (128 weight rows x BN tokens in cta_tile's launch order) and the same split-K rule (the
+//   tiles from split_from on take `splits` CTAs over contiguous 512-K slice ranges, the last to arrive sums
+//   the partials in split order: deterministic; it leaves the counter zeroed). Differences: X is read
+//   directly, row-major [m, K] in its natural K order (p.x; no lane-order pass, no workspace for X, no
+//   tensor map), and the body is plain sm_80 code, so every GPU fp4kit runs on can run it.
+//   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S>::kSmem bytes
+//   of dynamic shared memory (prefill.cu, plan_prefill). Rows >= n and tokens >= m are never written.
+//
+// Why it is shaped this way
+//   - mma.m16n8k16 takes A (16 weight rows) from registers, so each lane dequantises its own 16-byte
+//     record into its A fragments, exactly as the decode kernel does (Act<T>::pair / mul2, Scales<F, T>;
+//     exact up to a power of two that out_scale restores). The dequantised weights never touch shared
+//     memory.
+//   - B (X) in the record's K order needs no permutation: lane t of step s needs K = lane_kbase(t) + 4s +
+//     {0..3} of its token, 8 bytes, so one 16-byte shared load serves two steps of one 8-token column tile
+//     (the decode kernel's compute_stage reads its X the same way).
+//   - 8 warps as 4 (rows) x 2 (tokens): a warp owns 2 row tiles x BN / 2 tokens. A dequantised record
+//     feeds BN / 16 MMAs and each X load 4, so per 64-K chunk a warp spends ~80 integer/16x2 instructions
+//     on the weights and BN / 8 shared loads on X against BN / 2 MMAs. Each weight is dequantised twice
+//     per CTA (once per token warp): the alternative splits (8 x 1 warps: X read 8 times; 2 x 4: weights
+//     dequantised 4 times) cost more issue slots or shared-memory bandwidth.
+//   - Stage = 128 K: two 64-K chunks, because an MXFP4 lane's group spans a chunk pair over 128 K
+//     (lane_kbase). A stage is X [BN tokens][128 K] plus the 8 row tiles' records of both chunks (8 KB).
+//     S stages in the classic cp.async ring: wait for stage s (wait_group S - 2), one barrier (which also
+//     frees the slot read in the previous iteration), issue stage s + S - 1 into that slot, compute s.
+//   - X rows are 256 bytes, their 16-byte units swizzled (x_unit): the eight lanes of a quarter warp read
+//     two tokens x four K slices, whose units (NVFP4: 2t + 8i + h; MXFP4: 4t + 2i + h) would otherwise
+//     share bank groups; with unit u stored at u ^ ((u >> 2) & 2) ^ (token & 1) they hit eight distinct
+//     ones for both formats.
+//   - Scale records (one per row tile and 512 K) are loaded by each lane from global one slice ahead, as
+//     in the wgmma kernel (too small to stage).
+//   - Tails: X past m and past K is zero-filled by cp.async (src-size 0), prepack zero-pads the weights
+//     past K and N; NVFP4's odd last chunk (not loaded) is skipped, uniformly; row tiles past the matrix
+//     are not loaded and their rows are never written.
+#pragma once
+#include "kernels/prefill_gemm_sm90.cuh"  // PrefillParams, CtaOperands, cta_tile, lds128
+
+namespace fp4kit {
+namespace kernels {
+namespace mma80 {
+
+using prefill::CtaOperands;
+using prefill::PrefillParams;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kRowWarps = 4;                                  // x 2 token warps
+constexpr int kWarpRowTiles = 2;                              // 16-row tiles per warp
+constexpr int kRowTilesPerCta = kRowWarps * kWarpRowTiles;    // 8: 128 rows, the wgmma kernel's row block
+static_assert(kRowTilesPerCta == prefill::kRowTilesPerCta, "one tile geometry for both prefill kernels");
+constexpr int kStageChunks = 2;
+constexpr int kStageK = kStageChunks * layout::kChunkK;      // 128
+constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;
+constexpr int kRecordBytes = 32 * 16;                         // one row tile's records of one chunk
+constexpr int kXRowBytes = kStageK * 2;                       // one token's X of a stage
+
+template <int BN, int S> struct Geometry {
+  static_assert(BN == 64 || BN == 128, "token tile");
+  static_assert(S >= 2, "ring");
+  static constexpr int kX = BN * kXRowBytes;
+  static constexpr int kW = kRowTilesPerCta * kStageChunks * kRecordBytes;
+  static constexpr int kStage = kX + kW;
+  static constexpr int kStages = S;
+  static constexpr int kSmem = S * kStage;
+  static constexpr int kWarpTiles = BN / 16;                  // 8-token column tiles per warp (BN / 2 tokens)
+  static constexpr int kAcc = kWarpRowTiles * kWarpTiles * 4; // fp32 accumulators per thread
+  static constexpr int kPartialFloats = kAcc * kThreads;      // one split's partial tile (128 x BN)
+  static constexpr int kPitch = kRowTilesPerCta * 16 * 2 + 16;  // epilogue: bytes per token (+16: banks)
+  static_assert(BN * kPitch <= kSmem, "the staged output tile fits the ring");
+};
+
+// Where 16-byte unit u (K 8u .. 8u + 7 of the stage) of token row `tok` lives (see the contract).
+__device__ __forceinline__ int x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Stage s (K 128 s .. 128 s + 127) of this CTA into `st`: X of its BN tokens (zero past m and K) and the
+// records of its row tiles' chunks 2s, 2s + 1 that exist. Every thread issues its share; the caller commits.
+template <typename T, int BN>
+__device__ __forceinline__ void load_stage(uint8_t* st, const PrefillParams& p, const CtaOperands<T>& op, int rt0,
+                                           int s, int tid) {
+  using G = Geometry<BN, 2>;
+  const T* x = static_cast<const T*>(p.x);
+  const int k = p.k;  // X's row length (natural order)
+#pragma unroll
+  for (int i = tid; i < BN * 16; i += kThreads) {
+    const int tk = i >> 4, u = i & 15;
+    const int kk = s * kStageK + 8 * u, tok = op.tok_begin + tk;
+    const bool valid = tok < op.tok_end && kk < k;
+    cp_async16(st + tk * kXRowBytes + x_unit(tk, u) * 16, valid ? x + int64_t(tok) * k + kk : x, valid);
+  }
+#pragma unroll
+  for (int i = tid; i < kRowTilesPerCta * kStageChunks * 32; i += kThreads) {
+    const int lt = i >> 6, ch = (i >> 5) & 1, ln = i & 31;
+    const int rt = rt0 + lt, c = s * kStageChunks + ch;
+    if (rt < p.row_tiles && c < p.k_chunks)
+      cp_async16(st + G::kX + i * 16, op.weights + ((int64_t(rt) * p.k_chunks + c) * 32 + ln) * 16, true);
+  }
+}
+
+template <Format F, typename T, int BN, int S>
+__global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillParams p) {
+  using G = Geometry<BN, S>;
+  constexpr int WT = G::kWarpTiles;
+  extern __shared__ __align__(16) uint8_t mma_smem[];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp % kRowWarps, wn = warp / kRowWarps;  // row warp, token warp
+  int row_block, token_tile, split, splits, tail;
+  prefill::cta_tile(p, row_block, token_tile, split, splits, tail);
+  CtaOperands<T> op;
+  prefill::cta_operands<T, BN, false>(p, token_tile, op);
+  const int rt0 = row_block * kRowTilesPerCta;
+  const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
+  const int j_begin = int(int64_t(p.k_macros) * split / splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / splits);
+  const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
+
+  // Prologue: stages s_begin .. s_begin + S - 2 in flight (one commit group each, empty past the range).
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (s_begin + i < s_end) load_stage<T, BN>(mma_smem + i * G::kStage, p, op, rt0, s_begin + i, tid);
+    cp_async_commit();
+  }
+
+  // This warp's row tiles and their scale records (slice j + 1's loaded while slice j is computed).
+  int rt[kWarpRowTiles];
+  bool rt_ok[kWarpRowTiles];
+  ScaleRecord<F> rec[kWarpRowTiles];
+  Scales<F, T> sc[kWarpRowTiles];
+  const uint64_t pol = prefill::evict_normal_policy();
+#pragma unroll
+  for (int r = 0; r < kWarpRowTiles; ++r) {
+    rt[r] = rt0 + wm * kWarpRowTiles + r;
+    rt_ok[r] = rt[r] < p.row_tiles;
+    if (rt_ok[r]) rec[r].load(op.scales, (int64_t(rt[r]) * p.k_macros + j_begin) * 32 + lane, pol);
+    else rec[r].zero();
+  }
+  float acc[kWarpRowTiles][WT][4];
+#pragma unroll
+  for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+    for (int nt = 0; nt < WT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+
+  const int tok_w = wn * (BN / 2) + g;  // this lane's token (column g) of the warp's first column tile
+  for (int j = j_begin; j < j_end; ++j) {
+#pragma unroll
+    for (int r = 0; r < kWarpRowTiles; ++r) {
+      sc[r].decode(rec[r].v);
+      if (rt_ok[r] && j + 1 < j_end) rec[r].load(op.scales, (int64_t(rt[r]) * p.k_macros + j + 1) * 32 + lane, pol);
+    }
+    // Unrolled over the slice's stages so that every chunk's scale unit (Scales::get) is a constant.
+#pragma unroll
+    for (int q = 0; q < kStagesPerSlice; ++q) {
+      const int s = j * kStagesPerSlice + q;
+      if (s >= s_end) break;  // uniform: only the last slice may be short
+      const int ri = s - s_begin;
+      cp_async_wait<S - 2>();
+      __syncthreads();  // stage s is visible to all; every thread is done with the slot of stage s - 1
+      if (s + S - 1 < s_end) load_stage<T, BN>(mma_smem + ((ri + S - 1) % S) * G::kStage, p, op, rt0, s + S - 1, tid);
+      cp_async_commit();
+      const uint8_t* st = mma_smem + (ri % S) * G::kStage;
+#pragma unroll
+      for (int i = 0; i < kStageChunks; ++i) {
+        const int c = kStageChunks * s + i;
+        if (c >= p.k_chunks) break;  // NVFP4's odd last chunk: not loaded (uniform)
+        uint4 w[kWarpRowTiles];
+        uint32_t s_lo[kWarpRowTiles], s_hi[kWarpRowTiles];
+#pragma unroll
+        for (int r = 0; r < kWarpRowTiles; ++r) {
+          w[r] = *reinterpret_cast<const uint4*>(st + G::kX + ((wm * kWarpRowTiles + r) * kStageChunks + i) * kRecordBytes +
+                                                 lane * 16);
+          const uint32_t s2 = sc[r].get(kStageChunks * q + i);
+          s_lo[r] = dup_lo(s2);
+          s_hi[r] = dup_hi(s2);
+        }
+        const int u0 = (int(layout::lane_kbase(F, c, t)) & (kStageK - 1)) >> 3;  // this lane's first X unit
+#pragma unroll
+        for (int sp = 0; sp < 2; ++sp) {  // steps 2 sp, 2 sp + 1: one 16-byte X load per column tile
+          uint4 xv[WT];
+#pragma unroll
+          for (int nt = 0; nt < WT; ++nt) {
+            const int tk = tok_w + 8 * nt;
+            xv[nt] = *reinterpret_cast<const uint4*>(st + tk * kXRowBytes + x_unit(tk, u0 + sp) * 16);
+          }
+#pragma unroll
+          for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const uint32_t qw = (sp == 0) ? (e == 0 ? w[r].x : w[r].y) : (e == 0 ? w[r].z : w[r].w);
+              uint32_t a[4];
+              a[0] = Act<T>::mul2(Act<T>::template pair<0>(qw), s_lo[r]);  // row g,   K+0,1
+              a[1] = Act<T>::mul2(Act<T>::template pair<1>(qw), s_hi[r]);  // row g+8, K+0,1
+              a[2] = Act<T>::mul2(Act<T>::template pair<2>(qw), s_lo[r]);  // row g,   K+2,3
+              a[3] = Act<T>::mul2(Act<T>::template pair<3>(qw), s_hi[r]);  // row g+8, K+2,3
+#pragma unroll
+              for (int nt = 0; nt < WT; ++nt)
+                Act<T>::mma(acc[r][nt], a, e == 0 ? xv[nt].x : xv[nt].z, e == 0 ? xv[nt].y : xv[nt].w);
+            }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can be pending; the ring is reused below
+
+  // ---- split K: park this split's partial tile, count the arrival; the last split sums all partials in
+  // split order (the same bits whatever the arrival order), then runs the epilogue.
+  if (splits > 1) {
+    constexpr int kVec = G::kAcc / 4;  // float4 per thread
+    const int64_t tile_i = tail;
+    const float4* slots = reinterpret_cast<const float4*>(p.partials) + tile_i * splits * (G::kPartialFloats / 4);
+    float4* mine = reinterpret_cast<float4*>(p.partials) + (tile_i * splits + split) * (G::kPartialFloats / 4);
+#pragma unroll
+    for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < WT; ++nt)
+        __stcg(mine + (r * WT + nt) * kThreads + tid, make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]));
+    __syncthreads();
+    if (tid == 0) s_last = count_arrival(&p.counters[tile_i]) == splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+#pragma unroll
+    for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < WT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + tid;
+      float4 v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = __ldcg(src + i * kThreads);
+#pragma unroll
+      for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+        for (int nt = 0; nt < WT; ++nt) {
+          const float4 x = v[r * WT + nt];
+          acc[r][nt][0] += x.x;
+          acc[r][nt][1] += x.y;
+          acc[r][nt][2] += x.z;
+          acc[r][nt][3] += x.w;
+        }
+    }
+    if (tid == 0) p.counters[tile_i] = 0;  // leave the workspace as we found it
+  }
+
+  // ---- epilogue: acc[r][nt][2h + e] is row g + 8h of row tile wm * 2 + r, token 8 nt + 2t + e of the
+  // warp's BN / 2 tokens.
+  T* y = static_cast<T*>(p.y);
+  const int row0 = row_block * kRowTilesPerCta * 16, tok0 = op.tok_begin;
+  if (p.n % 8 == 0) {
+    // Through shared memory as [token][row], leaving in 16-byte row segments (whole sectors per warp store;
+    // with n % 8 == 0 every segment of an existing row is whole and 16-byte aligned, as the validator makes
+    // Y). The ring is free: every copy was waited for, and the barrier orders the last stage's reads.
+    __syncthreads();
+    const int rows = min(kRowTilesPerCta * 16, p.n - row0), toks = min(BN, op.tok_end - tok0);
+#pragma unroll
+    for (int r = 0; r < kWarpRowTiles; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = (wm * kWarpRowTiles + r) * 16 + g + 8 * h;  // row in the CTA
+        if (rr >= rows) continue;
+        const float2 fb = row_factors(op.out_scale, op.bias, row0 + rr);
+#pragma unroll
+        for (int nt = 0; nt < WT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            *reinterpret_cast<T*>(mma_smem + (wn * (BN / 2) + 8 * nt + 2 * t + e) * G::kPitch + rr * 2) =
+                Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
+      }
+    __syncthreads();
+    constexpr int kSegs = kRowTilesPerCta * 16 / 8;  // 16-byte segments per token
+    for (int c = tid; c < toks * kSegs; c += kThreads) {
+      const int tk = c / kSegs, rr = (c % kSegs) * 8;
+      if (rr < rows)
+        *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + rr) =
+            *reinterpret_cast<const uint4*>(mma_smem + tk * G::kPitch + rr * 2);
+    }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < kWarpRowTiles; ++r) {
+    if (!rt_ok[r]) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = rt[r] * 16 + g + 8 * h;
+      if (row >= p.n) continue;
+      const float2 fb = row_factors(op.out_scale, op.bias, row);
+#pragma unroll
+      for (int nt = 0; nt < WT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tok = tok0 + wn * (BN / 2) + 8 * nt + 2 * t + e;
+          if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
+        }
+    }
+  }
+}
+
+}  // namespace mma80
+}  // namespace kernels
+}  // namespace fp4kit
