@@ -156,6 +156,10 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {51, "a128_w8_s4_k8", 16, 2, 8, 1, 2, 4, kMma, 8},
     {52, "a64_w8_s4", 8, 2, 8, 1, 2, 4, kMma},
     {53, "a64_w8_s4_k8", 8, 2, 8, 1, 2, 4, kMma, 8},
+    // Two CTAs per SM (72 KB and <= 128 registers each): 16 warps per SM to hide the MMA and shared-memory
+    // latencies that 8 warps leave exposed.
+    {54, "a64_w8_s3_b2", 8, 2, 8, 2, 2, 3, kMma},
+    {55, "a64_w8_s3_b2_k8", 8, 2, 8, 2, 2, 3, kMma, 8},
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 

@@ -40,24 +40,26 @@ PrefillKernel kernel_of() {
   return {reinterpret_cast<const void*>(&pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>), G::kSmem, G::kStages,
           G::kPartialFloats};
 }
-// The mma.sync kernel's ring: 4 stages for both token tiles (configs.h, the kMma entries).
-constexpr int kMmaStages = 4;
-template <Format F, typename T, int BN>
+// The mma.sync kernels (configs.h, the kMma entries): 4 ring stages at one CTA per SM, 3 at two.
+template <Format F, typename T, int BN, int kBlocks>
 PrefillKernel mma_kernel_of() {
-  using G = mk::Geometry<BN, kMmaStages>;
-  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages>), G::kSmem, G::kStages,
+  constexpr int kStages = kBlocks == 1 ? 4 : 3;
+  using G = mk::Geometry<BN, kStages>;
+  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kStages, kBlocks>), G::kSmem, G::kStages,
           G::kPartialFloats};
 }
 template <Format F, typename T>
-PrefillKernel mma_kernel_for_tile(int bn) {
-  return bn == 64 ? mma_kernel_of<F, T, 64>() : bn == 128 ? mma_kernel_of<F, T, 128>() : PrefillKernel{};
+PrefillKernel mma_kernel_for_tile(int bn, int blocks) {
+  if (blocks == 2) return bn == 64 ? mma_kernel_of<F, T, 64, 2>() : PrefillKernel{};
+  if (blocks != 1) return {};
+  return bn == 64 ? mma_kernel_of<F, T, 64, 1>() : bn == 128 ? mma_kernel_of<F, T, 128, 1>() : PrefillKernel{};
 }
-PrefillKernel select_mma_kernel(Format f, DType act, int bn) {
+PrefillKernel select_mma_kernel(Format f, DType act, int bn, int blocks) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn)
-                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn);
-  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn)
-                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn);
+    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn, blocks)
+                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn, blocks);
+  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn, blocks)
+                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn, blocks);
 }
 // blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
 template <Format F, typename T, bool kGrouped>
@@ -145,7 +147,7 @@ bool prefill_runs_here() {
 }
 
 int mma_prefill_smem(const KernelConfig& cfg) {
-  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles).smem : 0;
+  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.min_blocks).smem : 0;
 }
 
 namespace {
@@ -153,12 +155,12 @@ namespace {
 // The kernel of the kMma table entry `cfg` (dense only), checked against the entry, its dynamic shared
 // memory attribute set (which fails where the device has less shared memory per block than it needs).
 Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, PrefillKernel* k) {
-  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles);
+  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles, cfg.min_blocks);
   if (!k->fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no mma.sync prefill kernel");
   if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.row_tiles != mk::kWarpRowTiles ||
-      cfg.chunks != mk::kStageChunks || cfg.min_blocks != 1)
+      cfg.chunks != mk::kStageChunks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its mma.sync prefill kernel");
-  int per_sm = 0;
+  int per_sm = 0;  // one CTA per SM must fit; the second of a two-CTA entry is the device's to give
   return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, nullptr, &per_sm);
 }
 

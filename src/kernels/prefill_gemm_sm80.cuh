@@ -78,36 +78,68 @@ template <int BN, int S> struct Geometry {
 // Where 16-byte unit u (K 8u .. 8u + 7 of the stage) of token row `tok` lives (see the contract).
 __device__ __forceinline__ int x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1); }
 
+__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Stage s (K 128 s .. 128 s + 127) of this CTA into `st`: X of its BN tokens (zero past m and K) and the
-// records of its row tiles' chunks 2s, 2s + 1 that exist. Every thread issues its share; the caller commits.
-template <typename T, int BN>
-__device__ __forceinline__ void load_stage(uint8_t* st, const PrefillParams& p, const CtaOperands<T>& op, int rt0,
-                                           int s, int tid) {
-  using G = Geometry<BN, 2>;
-  const T* x = static_cast<const T*>(p.x);
-  const int k = p.k;  // X's row length (natural order)
-#pragma unroll
-  for (int i = tid; i < BN * 16; i += kThreads) {
-    const int tk = i >> 4, u = i & 15;
-    const int kk = s * kStageK + 8 * u, tok = op.tok_begin + tk;
-    const bool valid = tok < op.tok_end && kk < k;
-    cp_async16(st + tk * kXRowBytes + x_unit(tk, u) * 16, valid ? x + int64_t(tok) * k + kk : x, valid);
-  }
-#pragma unroll
-  for (int i = tid; i < kRowTilesPerCta * kStageChunks * 32; i += kThreads) {
-    const int lt = i >> 6, ch = (i >> 5) & 1, ln = i & 31;
-    const int rt = rt0 + lt, c = s * kStageChunks + ch;
-    if (rt < p.row_tiles && c < p.k_chunks)
-      cp_async16(st + G::kX + i * 16, op.weights + ((int64_t(rt) * p.k_chunks + c) * 32 + ln) * 16, true);
-  }
-}
+// Copies stage s (K 128 s .. 128 s + 127) of this CTA into a ring slot: X of its BN tokens (zero past m
+// and K) and the records of its row tiles' chunks 2s, 2s + 1 that exist. Thread tid keeps one 16-byte unit
+// column of X (u = tid % 16) over tokens tid / 16 + 16 j, and record slots tid + 256 j, so every address
+// is a per-thread base plus a constant per piece and a stride per stage: set up once, not per copy.
+template <typename T, int BN> struct StageLoader {
+  static constexpr int kXPieces = BN * 16 / kThreads;  // 16-byte X units per thread and stage
+  static constexpr int kWPieces = kRowTilesPerCta * kStageChunks * 32 / kThreads;
+  const T* x;               // this thread's first X unit: token tok_begin + tid / 16, K 8u
+  int64_t x_step;           // elements from piece j to j + 1 (16 tokens)
+  int k8;                   // K - 8u: unit u of stage s exists while 128 s < k8
+  unsigned tok_ok;          // bit j: piece j's token exists
+  uint32_t x_dst;           // slot offset of piece 0 (piece j: + 4096 j)
+  const uint8_t* w;         // record slot tid's source in stage 0 (stage s: + 1024 s; piece j: + j w_step)
+  int64_t w_step;           // bytes from record piece j to j + 1 (4 row tiles)
+  int w_ch;                 // its chunk within the stage (0, 1)
+  unsigned w_ok;            // bit j: record piece j's row tile exists
+  int k_chunks;
 
-template <Format F, typename T, int BN, int S>
-__global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillParams p) {
+  __device__ __forceinline__ StageLoader(const PrefillParams& p, const CtaOperands<T>& op, int rt0, int tid) {
+    const int u = tid & 15, tk = tid >> 4;
+    x = static_cast<const T*>(p.x) + int64_t(op.tok_begin + tk) * p.k + 8 * u;
+    x_step = int64_t(16) * p.k;
+    k8 = p.k - 8 * u;
+    tok_ok = 0;
+#pragma unroll
+    for (int j = 0; j < kXPieces; ++j) tok_ok |= unsigned(op.tok_begin + tk + 16 * j < op.tok_end) << j;
+    x_dst = uint32_t(tk * kXRowBytes + x_unit(tk, u) * 16);  // tk + 16 j has tk's parity: same unit
+    const int lt = tid >> 6, ln = tid & 31;
+    w_ch = (tid >> 5) & 1;
+    w = op.weights + ((int64_t(rt0 + lt) * p.k_chunks + w_ch) * 32 + ln) * 16;
+    w_step = int64_t(kThreads / 64) * p.k_chunks * kRecordBytes;
+    w_ok = 0;
+#pragma unroll
+    for (int j = 0; j < kWPieces; ++j) w_ok |= unsigned(rt0 + lt + (kThreads / 64) * j < p.row_tiles) << j;
+    k_chunks = p.k_chunks;
+  }
+  // The copies of stage s into the slot at shared address `slot` (record slot tid + 256 j at 16 (tid + 256 j)
+  // after X).
+  __device__ __forceinline__ void load(uint32_t slot, int s, int tid) const {
+    using G = Geometry<BN, 2>;
+#pragma unroll
+    for (int j = 0; j < kXPieces; ++j) {
+      const bool valid = ((tok_ok >> j) & 1) && s * kStageK < k8;
+      cp_async16_u32(slot + x_dst + 4096 * j, valid ? x + j * x_step + s * kStageK : x, valid);
+    }
+    const bool chunk_ok = s * kStageChunks + w_ch < k_chunks;
+#pragma unroll
+    for (int j = 0; j < kWPieces; ++j)
+      if (((w_ok >> j) & 1) && chunk_ok)
+        cp_async16_u32(slot + G::kX + uint32_t(16 * (tid + kThreads * j)), w + j * w_step + int64_t(s) * 1024, true);
+  }
+};
+
+template <Format F, typename T, int BN, int S, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const PrefillParams p) {
   using G = Geometry<BN, S>;
   constexpr int WT = G::kWarpTiles;
   extern __shared__ __align__(16) uint8_t mma_smem[];
@@ -123,11 +155,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
   const int j_begin = int(int64_t(p.k_macros) * split / splits);
   const int j_end = int(int64_t(p.k_macros) * (split + 1) / splits);
   const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
+  const uint32_t ring = uint32_t(__cvta_generic_to_shared(mma_smem));
+  const StageLoader<T, BN> loader(p, op, rt0, tid);
 
   // Prologue: stages s_begin .. s_begin + S - 2 in flight (one commit group each, empty past the range).
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (s_begin + i < s_end) load_stage<T, BN>(mma_smem + i * G::kStage, p, op, rt0, s_begin + i, tid);
+    if (s_begin + i < s_end) loader.load(ring + i * G::kStage, s_begin + i, tid);
     cp_async_commit();
   }
 
@@ -167,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
       const int ri = s - s_begin;
       cp_async_wait<S - 2>();
       __syncthreads();  // stage s is visible to all; every thread is done with the slot of stage s - 1
-      if (s + S - 1 < s_end) load_stage<T, BN>(mma_smem + ((ri + S - 1) % S) * G::kStage, p, op, rt0, s + S - 1, tid);
+      if (s + S - 1 < s_end) loader.load(ring + ((ri + S - 1) % S) * G::kStage, s + S - 1, tid);
       cp_async_commit();
       const uint8_t* st = mma_smem + (ri % S) * G::kStage;
 #pragma unroll
