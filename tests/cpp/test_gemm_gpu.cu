@@ -475,15 +475,16 @@ TEST(gemm_prefill_all_configs) {
 // sums: the split order cannot show); real shapes through the configs an Ampere device's dispatch picks;
 // two runs the same bits.
 TEST(gemm_mma_prefill) {
-  for (const char* name : {"a128_w8_s4", "a64_w8_s4", "a128_w8_s4_k8", "a64_w8_s4_k8"})
+  for (const KernelConfig* cfg : configs_of(Kind::kPrefill)) {
+    if (cfg->pipeline != kMma) continue;
     for (Format f : {Format::kNVFP4, Format::kMXFP4})
       for (bool bf16 : {true, false}) {
         const int64_t m = 129, n = 272, k = 2048;
-        const bool split = find_config(config_id(name))->max_splits > 1;
-        CHECK_MSG(!split || plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
-        const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
-        CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
+        CHECK_MSG(cfg->max_splits == 1 || plan_of(m, f, n, k, cfg->id).splits > 1, cfg->name << ": expected a split-K plan");
+        const int64_t diff = grid_exact_diff(f, m, n, k, bf16, cfg->id);
+        CHECK_MSG(diff == 0, format_name(f) << " " << cfg->name << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
+  }
   const int sms = int(device_sms());
   for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
     const int o = pick_config(256, 8192, 8192, nullptr, 8, sms), gptoss = pick_config(1000, 8192 + 16, 2880, nullptr, 8, sms);
@@ -492,7 +493,7 @@ TEST(gemm_mma_prefill) {
     check_case(f, 1000, 8192 + 16, 2880, false, gptoss, true);
     if (!quick()) check_case(f, 4097, 1024 + 16, 1024 + 64 * (f == Format::kNVFP4), true, config_id("a128_w8_s4"), true);
   }
-  for (const char* name : {"a128_w8_s4_k8", "a64_w8_s4"}) {
+  for (const char* name : {"a128_w8_s4_k8", "a64_w8_s4", "a64_w8_s3_b2_k8"}) {
     const Format f = Format::kMXFP4;
     const int64_t m = 300, n = 1024 + 48, k = 4096 + 64;
     CkptWeight w = fp4test::random_weight(f, n, k, rng());
