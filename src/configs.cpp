@@ -100,7 +100,8 @@ int pick_prefill_config(int64_t m, int64_t n, int64_t k, int cc_major, int sms) 
 int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major, int sms, Format f) {
   if (sms <= 0) sms = kDefaultSms;
   const int64_t prefill_min_m = cc_major == 9 ? kPrefillMinM : kMmaPrefillMinM;
-  const int prefill = m >= prefill_min_m ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
+  const bool mma_too_large = cc_major != 9 && n * k >= (int64_t(1) << kMmaMaxWeightsLog2);
+  const int prefill = m >= prefill_min_m && !mma_too_large ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
   if (prefill >= 0) {
     const KernelConfig& best = *find_config(prefill);
     if (why) {
@@ -167,6 +168,9 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   if (why)
     *why = "m=" + std::to_string(m) + ": " + pick->name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +
            (m > 64 ? ", 64-token blocks" : "") +
+           (m >= kMmaPrefillMinM && mma_too_large ? " (>= 2^" + std::to_string(kMmaMaxWeightsLog2) +
+                                                        " weights: not the mma.sync prefill kernel)"
+                                                  : "") +
            (large ? "; >= 2^" + std::to_string(large_log2) + " weights: most row tiles per warp" : "; first entry") + ")";
   return pick->id;
 }

@@ -156,10 +156,12 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {51, "a128_w8_s4_k8", 16, 2, 8, 1, 2, 4, kMma, 8},
     {52, "a64_w8_s4", 8, 2, 8, 1, 2, 4, kMma},
     {53, "a64_w8_s4_k8", 8, 2, 8, 1, 2, 4, kMma, 8},
-    // Two CTAs per SM (72 KB and <= 128 registers each): 16 warps per SM to hide the MMA and shared-memory
-    // latencies that 8 warps leave exposed.
-    {54, "a64_w8_s3_b2", 8, 2, 8, 2, 2, 3, kMma},
-    {55, "a64_w8_s3_b2_k8", 8, 2, 8, 2, 2, 3, kMma, 8},
+    // One row tile per warp (8 row warps x 1 token warp, each 16 rows x 128 tokens): each weight
+    // dequantised once per CTA instead of twice, each X load feeding 2 MMAs instead of 4.
+    {56, "a128_r1_w8_s4", 16, 1, 8, 1, 2, 4, kMma},
+    {57, "a128_r1_w8_s4_k8", 16, 1, 8, 1, 2, 4, kMma, 8},
+    // (Ids 54-55 were a64 at two CTAs per SM, three 72 KB stages each: within -2% .. +3% of a64_w8_s4 on
+    // every Llama-70B layer at m = 128-4096 on the H200, bench/results/ampere_sweep_0b3b302.json; removed.)
 };
 inline constexpr int kNumKernelConfigs = int(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -193,6 +195,11 @@ inline constexpr int64_t kPrefillMinM = 33;
 // decode kernel would stream the weights a second time. Not measured on an Ampere or Ada part: the H200
 // running both kernels (forced) is the only measurement (docs/prefill-notes.md).
 inline constexpr int64_t kMmaPrefillMinM = 65;
+// ... except on layers of >= 2^kMmaMaxWeightsLog2 weights, which keep the decode kernel in 64-token blocks:
+// on Llama-3.3-70B gate_up (2^28.8) it ran 4-9% faster than the best mma.sync entry at m = 128-4096 on the
+// H200 (forced, bench/results/ampere_sweep_0b3b302.json), where down (2^27.8) was within 1-4% and qkv and o
+// 16-30% slower. Measured on the H200 only (no Ampere or Ada part here).
+inline constexpr int kMmaMaxWeightsLog2 = 28;
 
 // pick_config takes the cluster twin of its decode pick (cc 9.x) for layers of at most this many row
 // groups whose (row group, K slice) units all fit one wave of resident CTAs, and with one-token tiles

@@ -40,26 +40,27 @@ PrefillKernel kernel_of() {
   return {reinterpret_cast<const void*>(&pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>), G::kSmem, G::kStages,
           G::kPartialFloats};
 }
-// The mma.sync kernels (configs.h, the kMma entries): 4 ring stages at one CTA per SM, 3 at two.
-template <Format F, typename T, int BN, int kBlocks>
+// The mma.sync kernels (configs.h, the kMma entries): one CTA per SM, a ring of 4 stages; wr row tiles per
+// warp.
+constexpr int kMmaStages = 4;
+template <Format F, typename T, int BN, int WR>
 PrefillKernel mma_kernel_of() {
-  constexpr int kStages = kBlocks == 1 ? 4 : 3;
-  using G = mk::Geometry<BN, kStages>;
-  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kStages, kBlocks>), G::kSmem, G::kStages,
+  using G = mk::Geometry<BN, kMmaStages, WR>;
+  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages, WR>), G::kSmem, G::kStages,
           G::kPartialFloats};
 }
 template <Format F, typename T>
-PrefillKernel mma_kernel_for_tile(int bn, int blocks) {
-  if (blocks == 2) return bn == 64 ? mma_kernel_of<F, T, 64, 2>() : PrefillKernel{};
-  if (blocks != 1) return {};
-  return bn == 64 ? mma_kernel_of<F, T, 64, 1>() : bn == 128 ? mma_kernel_of<F, T, 128, 1>() : PrefillKernel{};
+PrefillKernel mma_kernel_for_tile(int bn, int wr) {
+  if (wr == 1) return bn == 128 ? mma_kernel_of<F, T, 128, 1>() : PrefillKernel{};
+  if (wr != 2) return {};
+  return bn == 64 ? mma_kernel_of<F, T, 64, 2>() : bn == 128 ? mma_kernel_of<F, T, 128, 2>() : PrefillKernel{};
 }
-PrefillKernel select_mma_kernel(Format f, DType act, int bn, int blocks) {
+PrefillKernel select_mma_kernel(Format f, DType act, int bn, int wr) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn, blocks)
-                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn, blocks);
-  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn, blocks)
-                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn, blocks);
+    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn, wr)
+                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn, wr);
+  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn, wr)
+                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn, wr);
 }
 // blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
 template <Format F, typename T, bool kGrouped>
@@ -147,7 +148,7 @@ bool prefill_runs_here() {
 }
 
 int mma_prefill_smem(const KernelConfig& cfg) {
-  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.min_blocks).smem : 0;
+  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.row_tiles).smem : 0;
 }
 
 namespace {
@@ -155,12 +156,11 @@ namespace {
 // The kernel of the kMma table entry `cfg` (dense only), checked against the entry, its dynamic shared
 // memory attribute set (which fails where the device has less shared memory per block than it needs).
 Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, PrefillKernel* k) {
-  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles, cfg.min_blocks);
+  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles, cfg.row_tiles);
   if (!k->fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no mma.sync prefill kernel");
-  if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.row_tiles != mk::kWarpRowTiles ||
-      cfg.chunks != mk::kStageChunks)
+  if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.min_blocks != 1 || cfg.chunks != mk::kStageChunks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its mma.sync prefill kernel");
-  int per_sm = 0;  // one CTA per SM must fit; the second of a two-CTA entry is the device's to give
+  int per_sm = 0;
   return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, nullptr, &per_sm);
 }
 

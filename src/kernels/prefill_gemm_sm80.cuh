@@ -50,9 +50,7 @@ using prefill::CtaOperands;
 using prefill::PrefillParams;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRowWarps = 4;                                  // x 2 token warps
-constexpr int kWarpRowTiles = 2;                              // 16-row tiles per warp
-constexpr int kRowTilesPerCta = kRowWarps * kWarpRowTiles;    // 8: 128 rows, the wgmma kernel's row block
+constexpr int kRowTilesPerCta = 8;                            // 128 rows, the wgmma kernel's row block
 static_assert(kRowTilesPerCta == prefill::kRowTilesPerCta, "one tile geometry for both prefill kernels");
 constexpr int kStageChunks = 2;
 constexpr int kStageK = kStageChunks * layout::kChunkK;      // 128
@@ -60,7 +58,8 @@ constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;
 constexpr int kRecordBytes = 32 * 16;                         // one row tile's records of one chunk
 constexpr int kXRowBytes = kStageK * 2;                       // one token's X of a stage
 
-template <int BN, int S> struct Geometry {
+// WR: 16-row tiles per warp; the 8 warps are 8 / WR row warps x WR token warps of BN / WR tokens.
+template <int BN, int S, int WR = 2> struct Geometry {
   static_assert(BN == 64 || BN == 128, "token tile");
   static_assert(S >= 2, "ring");
   static constexpr int kX = BN * kXRowBytes;
@@ -68,8 +67,9 @@ template <int BN, int S> struct Geometry {
   static constexpr int kStage = kX + kW;
   static constexpr int kStages = S;
   static constexpr int kSmem = S * kStage;
-  static constexpr int kWarpTiles = BN / 16;                  // 8-token column tiles per warp (BN / 2 tokens)
-  static constexpr int kAcc = kWarpRowTiles * kWarpTiles * 4; // fp32 accumulators per thread
+  static_assert(WR == 1 || WR == 2, "row tiles per warp");
+  static constexpr int kWarpTiles = BN / (8 * WR);            // 8-token column tiles per warp (BN / WR tokens)
+  static constexpr int kAcc = WR * kWarpTiles * 4;            // fp32 accumulators per thread
   static constexpr int kPartialFloats = kAcc * kThreads;      // one split's partial tile (128 x BN)
   static constexpr int kPitch = kRowTilesPerCta * 16 * 2 + 16;  // epilogue: bytes per token (+16: banks)
   static_assert(BN * kPitch <= kSmem, "the staged output tile fits the ring");
@@ -138,9 +138,10 @@ template <typename T, int BN> struct StageLoader {
   }
 };
 
-template <Format F, typename T, int BN, int S, int kBlocks>
-__global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const PrefillParams p) {
-  using G = Geometry<BN, S>;
+template <Format F, typename T, int BN, int S, int WR>
+__global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillParams p) {
+  using G = Geometry<BN, S, WR>;
+  constexpr int kWarpRowTiles = WR, kRowWarps = kRowTilesPerCta / WR, kWarpToks = BN / WR;
   constexpr int WT = G::kWarpTiles;
   extern __shared__ __align__(16) uint8_t mma_smem[];
   __shared__ int s_last;
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const Pr
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
 
-  const int tok_w = wn * (BN / 2) + g;  // this lane's token (column g) of the warp's first column tile
+  const int tok_w = wn * kWarpToks + g;  // this lane's token (column g) of the warp's first column tile
   for (int j = j_begin; j < j_end; ++j) {
 #pragma unroll
     for (int r = 0; r < kWarpRowTiles; ++r) {
@@ -289,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const Pr
   }
 
   // ---- epilogue: acc[r][nt][2h + e] is row g + 8h of row tile wm * 2 + r, token 8 nt + 2t + e of the
-  // warp's BN / 2 tokens.
+  // warp's BN / WR tokens.
   T* y = static_cast<T*>(p.y);
   const int row0 = row_block * kRowTilesPerCta * 16, tok0 = op.tok_begin;
   if (p.n % 8 == 0) {
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const Pr
         for (int nt = 0; nt < WT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            *reinterpret_cast<T*>(mma_smem + (wn * (BN / 2) + 8 * nt + 2 * t + e) * G::kPitch + rr * 2) =
+            *reinterpret_cast<T*>(mma_smem + (wn * kWarpToks + 8 * nt + 2 * t + e) * G::kPitch + rr * 2) =
                 Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
       }
     __syncthreads();
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) prefill_mma_kernel(const Pr
       for (int nt = 0; nt < WT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int tok = tok0 + wn * (BN / 2) + 8 * nt + 2 * t + e;
+          const int tok = tok0 + wn * kWarpToks + 8 * nt + 2 * t + e;
           if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
         }
     }

@@ -236,7 +236,7 @@ TEST(analytic_default_prefill) {
       CHECK_EQ(is_prefill(hopper), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
       CHECK(!is_prefill(hopper) || hopper.pipeline == kWgmma);
       const KernelConfig& ampere = *find_config(pick_config(m, n, 8192, nullptr, 8, 108));
-      CHECK_EQ(is_prefill(ampere), m >= kMmaPrefillMinM);
+      CHECK_EQ(is_prefill(ampere), m >= kMmaPrefillMinM && n * 8192 < (int64_t(1) << kMmaMaxWeightsLog2));
       CHECK(!is_prefill(ampere) || ampere.pipeline == kMma);
       CHECK(config_supported(ampere, 8));
     }
@@ -245,6 +245,8 @@ TEST(analytic_default_prefill) {
   CHECK(why.find("wgmma prefill kernel from m >= 33") != std::string::npos);
   pick_config(256, 8192, 8192, &why, 8, 108);
   CHECK(why.find("mma.sync prefill kernel from m >= 65 on cc 8.x") != std::string::npos);
+  pick_config(256, 57344, 8192, &why, 8, 108);  // Llama-70B gate_up: 64-token blocks of the decode kernel
+  CHECK(why.find("64-token blocks") != std::string::npos && why.find("not the mma.sync") != std::string::npos);
   // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o and down split K 2 ways over
   // 256-token tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
   // 4 ways; gate_up (448 row blocks) three whole-K waves of 256-token tiles and the last 52 split 2 ways;
