@@ -156,10 +156,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {51, "a128_w8_s4_k8", 16, 2, 8, 1, 2, 4, kMma, 8},
     {52, "a64_w8_s4", 8, 2, 8, 1, 2, 4, kMma},
     {53, "a64_w8_s4_k8", 8, 2, 8, 1, 2, 4, kMma, 8},
-    // One row tile per warp (8 row warps x 1 token warp, each 16 rows x 128 tokens): each weight
-    // dequantised once per CTA instead of twice, each X load feeding 2 MMAs instead of 4.
-    {56, "a128_r1_w8_s4", 16, 1, 8, 1, 2, 4, kMma},
-    {57, "a128_r1_w8_s4_k8", 16, 1, 8, 1, 2, 4, kMma, 8},
+    // (Ids 56-57 were a128 with one row tile per warp, 8 row warps x 1 token warp: each weight dequantised
+    // once per CTA, ~25% fewer instructions per MMA, yet 5-8% slower than a128_w8_s4 on every Llama-70B
+    // layer at m = 256-4096, bench/results/ampere_sweep_993b017.json; removed.)
     // (Ids 54-55 were a64 at two CTAs per SM, three 72 KB stages each: within -2% .. +3% of a64_w8_s4 on
     // every Llama-70B layer at m = 128-4096 on the H200, bench/results/ampere_sweep_0b3b302.json; removed.)
 };

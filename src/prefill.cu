@@ -51,7 +51,6 @@ PrefillKernel mma_kernel_of() {
 }
 template <Format F, typename T>
 PrefillKernel mma_kernel_for_tile(int bn, int wr) {
-  if (wr == 1) return bn == 128 ? mma_kernel_of<F, T, 128, 1>() : PrefillKernel{};
   if (wr != 2) return {};
   return bn == 64 ? mma_kernel_of<F, T, 64, 2>() : bn == 128 ? mma_kernel_of<F, T, 128, 2>() : PrefillKernel{};
 }
