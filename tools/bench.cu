@@ -464,7 +464,10 @@ int main(int argc, char** argv) {
         for (int ci = 0; ci < ncfg; ++ci)
           if (table[ci].id != picked && applies(table[ci])) cfgs.push_back(table[ci].id);
       } else if (compare) {  // the other kernel's analytic default
-        const int other = is_prefill(*find_config(picked)) ? pick_config(m, n, k, nullptr, 8, sms)
+        // The decode kernel's default (as on an sm_80 device; past 64 tokens the 64-token entry in blocks)
+        // against the prefill family's least-cost entry.
+        const int decode = pick_config(m, n, k, nullptr, 8, sms);
+        const int other = is_prefill(*find_config(picked)) ? (is_prefill(*find_config(decode)) ? decode64 : decode)
                                                            : pick_prefill_config(m, n, k, cc, sms);
         if (other >= 0 && other != picked) cfgs.push_back(other);
       }
