@@ -13,7 +13,8 @@ layout in the perf-table (best decode config, best prefill config and dispatch's
 targets of the prefill work under --summary) and a plot prefill_speedup_<model>.png of speedup vs m per layer
 (decode, prefill, dispatch); decode-only runs keep the decode layout and speedup_<model>.png.
 
-Each report goes to its own README markers: perf-table, moe-table, e2e-table (Llama-3.1-8B),
+Each report goes to its own README markers: perf-table (sm80-table for runs dispatched as an sm_80-89 device,
+fp4kit-bench --as-cc 8), moe-table, e2e-table (Llama-3.1-8B),
 e2e-llama70b-table, e2e-gptoss-table, quality-table (GPU runs first, then the CPU reference). The e2e and quality
 tables come from python/fp4kit/tables.py, loaded from its file: no torch and no built fp4kit are needed.
 Every number comes from the JSON files; nothing is typed in by hand.
@@ -155,7 +156,11 @@ def prefill_readme_table(d):
     rows = d["all_rows"]
     ms = sorted({r["m"] for r in rows})
     models = sorted({r["model"] for r in rows})
-    out = [f"**{', '.join(models)}, decode and prefill kernels** on {d['device']}, commit `{d['commit']}`, {d['date']} "
+    as_cc = d.get("as_cc", 9)
+    what = ("decode and prefill kernels" if as_cc == 9 else
+            f"the sm_80-89 path (dispatch as on a cc {as_cc}.x device: the decode kernel, 64-token blocks past 64, "
+            "and the mma.sync prefill kernel; run on this Hopper GPU, against its wgmma cuBLAS)")
+    out = [f"**{', '.join(models)}, {what}** on {d['device']}, commit `{d['commit']}`, {d['date']} "
            f"(`{Path(d['_path']).as_posix()}`). Per-call time inside CUDA graphs over rotating weight copies"
            f"{steady_note(d)}; cell = "
            "speedup over cuBLASLt BF16 measured in the same run; decode rows: best decode config / % of the 4.25 TB/s "
@@ -437,6 +442,11 @@ def main():
         if moe:
             print(moe_table(moe))
     if a.readme:
+        # Runs dispatched as an sm_80-89 device (fp4kit-bench --as-cc 8) have a table of their own.
+        sm80 = [d for d in runs if d.get("as_cc", 9) != 9]
+        runs = [d for d in runs if d.get("as_cc", 9) == 9]
+        for d in sm80:
+            update_readme(a.readme, prefill_readme_table(d), "sm80-table")
         if runs:
             update_readme(a.readme, readme_table(runs))
         if moe:
