@@ -89,3 +89,19 @@ def test_table_header_states_the_steady_clock_method():
     assert "steady clocks" in rep.steady_note({"method": "after 150 ms of the same calls (steady clocks), CUDA graph"})
     assert rep.steady_note({"method": "CUDA graph of >= 8 calls over rotating weight copies"}) == ""
     assert rep.steady_note({}) == ""
+
+
+def test_sm80_runs_go_to_their_own_readme_table(tmp_path):
+    """A run dispatched as an sm_80-89 device (fp4kit-bench --as-cc 8) fills the sm80-table markers and leaves
+    the Hopper perf-table alone; its header says what it is."""
+    src = json.loads(_prefill_run(tmp_path).read_text())
+    src["as_cc"] = 8
+    path = tmp_path / "sm80.json"
+    path.write_text(json.dumps(src))
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- perf-table:begin -->\nHOPPER\n<!-- perf-table:end -->\nb\n"
+                      "<!-- sm80-table:begin -->\nOLD\n<!-- sm80-table:end -->\n")
+    subprocess.run([sys.executable, str(REPORT), str(path), "--readme", str(readme)], check=True)
+    text = readme.read_text()
+    assert "HOPPER" in text and "OLD" not in text
+    assert "the sm_80-89 path (dispatch as on a cc 8.x device" in text and "| **average** | | nvfp4 | dispatch |" in text
