@@ -269,21 +269,27 @@ Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, C
   return Status::Ok();
 }
 
-// The mma.sync kernel: one launch over all m tokens, X in place.
-static Status launch_prefill_mma(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+// The weight, bias and split-K workspace fields of a dense launch (either kernel).
+static void dense_operands(const GemmArgs& a, const DecodePlan& plan, pk::PrefillParams& p) {
   const PackedLayout& l = plan.layout;
   const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
-  const int64_t tiles = int64_t(plan.row_groups) * plan.token_tiles;
-  pk::PrefillParams p = shape_params(l, a.m, plan.row_groups, plan.token_tiles, plan.splits, int(tiles - plan.split_tiles));
-  p.x = a.x;
-  p.y = a.y;
   p.bias = a.bias;
   p.weights = base + l.weights_offset;
   p.scales = base + l.scales_offset;
   p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
   p.counters = plan.splits > 1 ? reinterpret_cast<int*>(ws) : nullptr;
   p.partials = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+}
+
+// The mma.sync kernel: one launch over all m tokens, X in place.
+static Status launch_prefill_mma(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  const int64_t tiles = int64_t(plan.row_groups) * plan.token_tiles;
+  pk::PrefillParams p =
+      shape_params(plan.layout, a.m, plan.row_groups, plan.token_tiles, plan.splits, int(tiles - plan.split_tiles));
+  p.x = a.x;
+  p.y = a.y;
+  dense_operands(a, plan, p);
   const MmaFn fn = reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel));
   fn<<<unsigned(plan.grid), plan.threads, plan.smem_bytes, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
@@ -295,7 +301,6 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   if (plan.cfg->pipeline == kMma) return launch_prefill_mma(a, plan, stream);
   const PackedLayout& l = plan.layout;
   const int bn = 8 * plan.cfg->n_tiles;
-  const uint8_t* base = static_cast<const uint8_t*>(a.w.data);
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
   const size_t eb = size_t(dtype_bytes(a.act));
@@ -313,12 +318,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     const int64_t split_tiles = std::min(plan.split_tiles, tiles);
     pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits, int(tiles - split_tiles));
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
-    p.bias = a.bias;
-    p.weights = base + l.weights_offset;
-    p.scales = base + l.scales_offset;
-    p.out_scale = reinterpret_cast<const float*>(base + l.out_scale_offset);
-    p.counters = plan.splits > 1 ? reinterpret_cast<int*>(ws) : nullptr;
-    p.partials = plan.splits > 1 ? reinterpret_cast<float*>(ws + plan.counters_bytes) : nullptr;
+    dense_operands(a, plan, p);
     fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, p);
   }
   const cudaError_t e = cudaGetLastError();

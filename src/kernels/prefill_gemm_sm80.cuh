@@ -180,12 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
     else rec[r].zero();
   }
   float acc[kWarpRowTiles][WT][4];
-#pragma unroll
-  for (int r = 0; r < kWarpRowTiles; ++r)
-#pragma unroll
-    for (int nt = 0; nt < WT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+  zero_acc(acc);
 
   const int tok_w = wn * kWarpToks + g;  // this lane's token (column g) of the warp's first column tile
   for (int j = j_begin; j < j_end; ++j) {
@@ -264,12 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
     if (tid == 0) s_last = count_arrival(&p.counters[tile_i]) == splits - 1;
     __syncthreads();
     if (!s_last) return;
-#pragma unroll
-    for (int r = 0; r < kWarpRowTiles; ++r)
-#pragma unroll
-      for (int nt = 0; nt < WT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
+    zero_acc(acc);
     for (int z = 0; z < splits; ++z) {
       const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + tid;
       float4 v[kVec];
