@@ -231,9 +231,14 @@ def test_tuning_table_round_trip(tmp_path):
 
 
 def test_dispatch_config_by_compute_capability():
-    # Prefill (Hopper only) from m = 33 on cc 9.x; the decode kernel for every m on sm_80-89.
+    # The wgmma prefill kernel from m = 33 on cc 9.x; on sm_80-89 the mma.sync prefill kernel from m = 65,
+    # except on layers of >= 2^28 weights (the decode kernel in 64-token blocks).
     assert fp4kit.dispatch_config("nvfp4", "bfloat16", 4096, 8192, 8192, "NVIDIA H200").startswith("p")
     a100 = fp4kit.dispatch_config("nvfp4", "bfloat16", 4096, 8192, 8192, "NVIDIA A100-SXM4-80GB", cc_major=8, sms=108)
+    assert a100.startswith("a128_"), a100
+    a100 = fp4kit.dispatch_config("nvfp4", "bfloat16", 64, 8192, 8192, "NVIDIA A100-SXM4-80GB", cc_major=8, sms=108)
+    assert a100.startswith("m64_"), a100
+    a100 = fp4kit.dispatch_config("nvfp4", "bfloat16", 4096, 57344, 8192, "NVIDIA A100-SXM4-80GB", cc_major=8, sms=108)
     assert a100.startswith("m64_"), a100
     with pytest.raises(ValueError, match="cc_major: must be >= 8"):
         fp4kit.dispatch_config("nvfp4", "bfloat16", 1, 64, 64, "x", cc_major=7)
