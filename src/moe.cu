@@ -110,6 +110,14 @@ constexpr int prefill_index(int n_tiles) {
 static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
               "the config table has no unsplit p64 / p128 / p256 entry");
 static_assert(kKernelConfigs[prefill_index(8)].min_blocks == 2, "64-token tiles: the two-CTA entry");
+// The same for the mma.sync kernel (devices without wgmma): its unsplit entry of that token tile.
+constexpr int mma_index(int n_tiles) {
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kMma && kKernelConfigs[i].max_splits <= 1)
+      return i;
+  return -1;
+}
+static_assert(mma_index(8) >= 0 && mma_index(16) >= 0, "the config table has no unsplit a64 / a128 entry");
 
 template <Format F, typename T, int NT>
 GroupedFn grouped_instance() {
@@ -257,6 +265,7 @@ struct MoEPlan {
   int pairs = 0, max_active = 0;
   bool bf16 = false;
   bool tc = false;     // FP4 experts on the tensor-core path
+  bool mma = false;    // ... through the mma.sync kernel (X and activations in natural order), else wgmma
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // FP4 experts, tensor-core path
   int tc_max_tiles = 0;                 // token tiles the grouped prefill grids cover
@@ -273,29 +282,41 @@ struct MoEPlan {
   size_t counters_bytes = 0;
 };
 
-// Whether FP4 experts take the tensor-core path (sm_90a code present and enough tokens, or forced).
-Status choose_tensor_core(const MoEArgs& a, bool* tc) {
+// The tensor-core path's kernel can be forced to the mma.sync one on Hopper too (tests, A/B runs):
+// FP4KIT_MOE_MMA=1, or detail::set_moe_mma.
+int g_mma = -1;  // -1: the environment decides
+bool moe_mma_forced() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP4KIT_MOE_MMA");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return g_mma < 0 ? env : g_mma != 0;
+}
+
+// Whether FP4 experts take the tensor-core path (enough tokens, or forced), and through which kernel: wgmma
+// where this build runs it on this device (sm_90a), else mma.sync (any sm_80+ device).
+Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
   *tc = false;
+  *mma = false;
   const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
     if (!fp4) return Status::Unsupported("path: the tensor-core path runs FP4 experts only (these are BF16)");
-    if (!detail::prefill_runs_here())
-      return Status::Unsupported("path: the tensor-core path needs an sm_90 device and a build with CUDA architecture 90a");
     *tc = true;
-    return Status::Ok();
+  } else {
+    // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
+    // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.
+    const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
+    const bool wide = a.tokens > kMoEDecodePassTokens || fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs)) == 8;
+    *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide;
   }
-  // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
-  // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.
-  const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
-  const bool wide = a.tokens > kMoEDecodePassTokens || fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs)) == 8;
-  *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide && detail::prefill_runs_here();
+  *mma = *tc && (moe_mma_forced() || !detail::prefill_runs_here());
   return Status::Ok();
 }
 
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
-  FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc));
+  FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.mma));
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
@@ -311,9 +332,13 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // (prefill_gemm_sm90.cuh), but still dequantises all its weights; every extra tile dequantises the
     // expert's weights again (from L2). Forced tiles at 128 and 256 rows per expert
     // (moe_tiles_*_a1ca1c2.json): 128-token tiles win at 128, 256-token tiles at 256 and above.
+    // The mma.sync kernel has 64- and 128-token tiles.
     const int avg = p.pairs / p.max_active;
-    const int bn = a.token_tile ? a.token_tile : avg >= 192 ? 256 : avg >= 96 ? 128 : 64;
-    const KernelConfig& cfg = kKernelConfigs[prefill_index(bn / 8)];
+    if (p.mma && a.token_tile == 256)
+      return Status::Invalid("token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path here "
+                             "runs the mma.sync kernel: 0, 64 or 128");
+    const int bn = a.token_tile ? a.token_tile : avg >= 192 && !p.mma ? 256 : avg >= 96 ? 128 : 64;
+    const KernelConfig& cfg = kKernelConfigs[p.mma ? mma_index(bn / 8) : prefill_index(bn / 8)];
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
     FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
     // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
@@ -346,9 +371,9 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o are of the activation dtype
   off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
   // Tensor-core path: the activations (down's X) and the gathered X (in o, dead until down writes it) are
-  // rows of k_pad in lane order.
-  p.a_len = p.tc ? p.tdn.layout.k_pad : a.inter;
-  p.x_len = p.tc ? p.tgu.layout.k_pad : 0;
+  // rows of k_pad in lane order (wgmma), or rows of I and H in natural order (mma.sync).
+  p.a_len = p.tc && !p.mma ? p.tdn.layout.k_pad : a.inter;
+  p.x_len = !p.tc ? 0 : p.mma ? a.hidden : p.tgu.layout.k_pad;
   p.a_off = off;
   off = align256(off + size_t(p.pairs) * p.a_len * eb);
   p.o_off = off;
@@ -508,6 +533,7 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 
 namespace detail {
 void set_moe_clusters(int on) { g_clusters = on; }
+void set_moe_mma(int on) { g_mma = on; }
 
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
@@ -600,18 +626,19 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   };
   const bool f16 = a.act == DType::kF16;
   const int64_t eb = dtype_bytes(a.act);
+  const bool lane_act = plan.tc && !plan.mma;  // activations in lane order: the wgmma down GEMM's X
   auto launch_activation = [&](int pairs) {
     const int* n_rows = b.offset + E;
     const int inter = int(a.inter), len = int(plan.a_len);
     const dim3 grid = ew_grid(pairs, len);
     if (f16)
       detail::launch_kernel(&moe_activation_kernel<__half>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
-                            static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, len, plan.tc,
+                            static_cast<const __half*>(h), static_cast<__half*>(act), n_rows, inter, len, lane_act,
                             a.down.format, a.activation, a.layout, a.alpha, a.limit);
     else
       detail::launch_kernel(&moe_activation_kernel<__nv_bfloat16>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(h), static_cast<__nv_bfloat16*>(act), n_rows, inter,
-                            len, plan.tc, a.down.format, a.activation, a.layout, a.alpha, a.limit);
+                            len, lane_act, a.down.format, a.activation, a.layout, a.alpha, a.limit);
   };
   auto launch_combine = [&](int64_t t0, int tokens, void* y) {
     const float* w = topk_weights + t0 * a.top_k;
@@ -655,10 +682,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
                           b, counters,
                           int(plan.counters_bytes / sizeof(int)));
     if (plan.tc) {
-      // X gathered into sorted rows and lane order where the down GEMM's output goes later (o, dead until
-      // then).
+      // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
+      // dead until then).
       detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
-                                plan.sms, stream, plan.pdl);
+                                plan.sms, stream, plan.pdl, /*natural=*/plan.mma);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
       launch_activation(pairs);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));

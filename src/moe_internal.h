@@ -16,5 +16,10 @@ Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_
 // calls it affects.
 void set_moe_clusters(int on);
 
+// The tensor-core path's kernel (moe.cu, choose_tensor_core): 1 the mma.sync kernel on every device (so a
+// Hopper GPU runs what sm_80-89 run), 0 wgmma where the device and build run it, -1 as the environment says
+// (FP4KIT_MOE_MMA=1 forces mma.sync; default off). Not thread-safe: set it before the calls it affects.
+void set_moe_mma(int on);
+
 }  // namespace detail
 }  // namespace fp4kit

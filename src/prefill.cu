@@ -43,24 +43,27 @@ PrefillKernel kernel_of() {
 // The mma.sync kernels (configs.h, the kMma entries): one CTA per SM, a ring of 4 stages; wr row tiles per
 // warp.
 constexpr int kMmaStages = 4;
-template <Format F, typename T, int BN, int WR>
+template <Format F, typename T, int BN, int WR, bool kGrouped>
 PrefillKernel mma_kernel_of() {
   using G = mk::Geometry<BN, kMmaStages, WR>;
-  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages, WR>), G::kSmem, G::kStages,
-          G::kPartialFloats};
+  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages, WR, kGrouped>), G::kSmem,
+          G::kStages, G::kPartialFloats};
 }
-template <Format F, typename T>
+template <Format F, typename T, bool kGrouped>
 PrefillKernel mma_kernel_for_tile(int bn, int wr) {
   if (wr != 2) return {};
-  return bn == 64 ? mma_kernel_of<F, T, 64, 2>() : bn == 128 ? mma_kernel_of<F, T, 128, 2>() : PrefillKernel{};
+  return bn == 64 ? mma_kernel_of<F, T, 64, 2, kGrouped>() : bn == 128 ? mma_kernel_of<F, T, 128, 2, kGrouped>()
+                                                                       : PrefillKernel{};
 }
+template <bool kGrouped>
 PrefillKernel select_mma_kernel(Format f, DType act, int bn, int wr) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16>(bn, wr)
-                               : mma_kernel_for_tile<Format::kNVFP4, __half>(bn, wr);
-  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16>(bn, wr)
-                             : mma_kernel_for_tile<Format::kMXFP4, __half>(bn, wr);
+    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn, wr)
+                               : mma_kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn, wr);
+  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn, wr)
+                             : mma_kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn, wr);
 }
+
 // blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
 template <Format F, typename T, bool kGrouped>
 PrefillKernel kernel_for_tile(int bn, int blocks) {
@@ -147,26 +150,29 @@ bool prefill_runs_here() {
 }
 
 int mma_prefill_smem(const KernelConfig& cfg) {
-  return cfg.pipeline == kMma ? select_mma_kernel(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.row_tiles).smem : 0;
+  return cfg.pipeline == kMma ? select_mma_kernel<false>(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.row_tiles).smem
+                              : 0;
 }
 
 namespace {
 
-// The kernel of the kMma table entry `cfg` (dense only), checked against the entry, its dynamic shared
-// memory attribute set (which fails where the device has less shared memory per block than it needs).
-Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, PrefillKernel* k) {
-  *k = select_mma_kernel(f, act, 8 * cfg.n_tiles, cfg.row_tiles);
+// The kernel of the kMma table entry `cfg` (dense or grouped), checked against the entry, its dynamic
+// shared memory attribute set (which fails where the device has less shared memory per block than it
+// needs); sms: the device's SM count.
+Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
+  const int bn = 8 * cfg.n_tiles;
+  *k = grouped ? select_mma_kernel<true>(f, act, bn, cfg.row_tiles) : select_mma_kernel<false>(f, act, bn, cfg.row_tiles);
   if (!k->fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no mma.sync prefill kernel");
   if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.min_blocks != 1 || cfg.chunks != mk::kStageChunks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its mma.sync prefill kernel");
   int per_sm = 0;
-  return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, nullptr, &per_sm);
+  return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, sms, &per_sm);
 }
 
 // The kernel of the kWgmma table entry `cfg` (dense or grouped), checked against the entry, present in this
 // build for this device, its dynamic shared memory attribute set; sms: the device's SM count.
 Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
-  if (cfg.pipeline == kMma) return mma_kernel_for_config(cfg, f, act, k);
+  if (cfg.pipeline == kMma) return mma_kernel_for_config(cfg, f, act, grouped, k, sms);
   const int bn = 8 * cfg.n_tiles;
   *k = grouped ? select_kernel<true>(f, act, bn, cfg.min_blocks) : select_kernel<false>(f, act, bn, cfg.min_blocks);
   if (!k->fn)
@@ -333,10 +339,10 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms) {
 }
 
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl) {
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural) {
   return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(rows, k_pad / 8, sms), dim3(kRowVectorThreads),
                        0, stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
-                       static_cast<uint4*>(dst));
+                       natural, static_cast<uint4*>(dst));
 }
 
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
@@ -345,8 +351,9 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
   PrefillKernel kn;
   FP4KIT_RETURN_IF_ERROR(kernel_for_config(cfg, f, act, true, &kn, &p.sms));
   FP4KIT_RETURN_IF_ERROR(packed_layout(f, n, k, &p.layout));
-  p.kernel = reinterpret_cast<const void*>(kn.fn);
-  p.threads = pk::kThreads;
+  p.kernel = kn.fn;
+  p.mma = cfg.pipeline == kMma;
+  p.threads = p.mma ? mk::kThreads : pk::kThreads;
   p.smem_bytes = kn.smem;
   p.bn = 8 * cfg.n_tiles;
   p.row_blocks = int((p.layout.row_tiles + pk::kRowTilesPerCta - 1) / pk::kRowTilesPerCta);
@@ -356,15 +363,20 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
 
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
   const PackedLayout& l = plan.layout;
-  CUtensorMap map;
-  FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));  // lane order: k_pad long
+  const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
+  if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};
-  const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
-  if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
-  const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
-  fn<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(map, p);
+  if (plan.mma) {
+    p.x = a.x;  // natural order, rows k long
+    reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
+  } else {
+    CUtensorMap map;
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));  // lane order: k_pad long
+    reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes,
+                                                                  stream>>>(map, p);
+  }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped prefill launch: ") + cudaGetErrorString(e));
   return Status::Ok();

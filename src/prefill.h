@@ -29,19 +29,21 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
 struct GroupedPrefillPlan {
   const void* kernel = nullptr;
+  bool mma = false;  // the mma.sync kernel (X in natural order, rows k long), else wgmma (lane order, k_pad)
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
   int sms = 0;          // of the device
   PackedLayout layout;  // of one expert's matrix
 };
-// For experts of (format, n, k) with `act` activations, through the kWgmma table entry `cfg` (token tile
-// 8 * cfg.n_tiles: 64, 128 or 256; no K split). kNotSupported when this build has no sm_90a code for it.
+// For experts of (format, n, k) with `act` activations, through the kWgmma or kMma table entry `cfg` (token
+// tile 8 * cfg.n_tiles: 64, 128 or 256 (wgmma), 64 or 128 (mma.sync); no K split). kNotSupported when this
+// build has no sm_90a code for a wgmma entry.
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
                             GroupedPrefillPlan* out);
 
 struct GroupedPrefillArgs {
-  const void* x = nullptr;  // [rows, k_pad] of act in lane order (layout::natural_pair), the experts' rows
-                            // one expert after another
+  const void* x = nullptr;  // [rows, k_pad] of act in lane order (layout::natural_pair; the mma.sync kernel:
+                            // [rows, k] in natural order), the experts' rows one expert after another
   void* y = nullptr;        // [rows, n] of act, same row order
   int64_t rows = 0;
   const int* offset = nullptr;       // [experts + 1] on the device
@@ -64,9 +66,10 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 
 // Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
 // r < rows, or < *n_rows when n_rows is given (read on the device; rows then bounds it), permuted and
-// k_pad long; the grid is row_vector_grid(rows, ...); pdl: launched with programmatic dependent launch.
+// k_pad long; the grid is row_vector_grid(rows, ...); pdl: launched with programmatic dependent launch;
+// natural: the rows as they are (k_pad = k), a gather only.
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl);
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural = false);
 
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.

@@ -94,11 +94,12 @@ struct ExpertWeights {
 };
 
 enum class MoEPath : int {
-  kAuto = 0,        // tensor core where the device runs it and T >= kMoETensorCoreMinTokens, and either
-                    // T > kMoEDecodePassTokens or the decode path would need its widest (64-row) token
-                    // tiles: experts averaging about 22 or more rows of the pass; else decode
+  kAuto = 0,        // tensor core where T >= kMoETensorCoreMinTokens, and either T > kMoEDecodePassTokens
+                    // or the decode path would need its widest (64-row) token tiles: experts averaging
+                    // about 22 or more rows of the pass; else decode
   kDecode = 1,      // the grouped decode GEMM (any device)
-  kTensorCore = 2,  // the grouped wgmma GEMM (FP4 experts, sm_90a)
+  kTensorCore = 2,  // the grouped tensor-core GEMM (FP4 experts): wgmma on sm_90a, mma.sync on other
+                    // sm_80+ devices (64- and 128-token tiles there)
 };
 constexpr int64_t kMoETensorCoreMinTokens = 64;
 constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
@@ -128,8 +129,8 @@ struct MoEArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   MoEPath path = MoEPath::kAuto;
-  // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256; 0 (default) chooses from the
-  // average tokens per routed expert. Ignored on the decode path.
+  // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256 (256: wgmma only); 0 (default)
+  // chooses from the average tokens per routed expert. Ignored on the decode path.
   int token_tile = 0;
   // Routing from router logits (mode kNone: topk_ids / topk_weights as given).
   Routing routing;

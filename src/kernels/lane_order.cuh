@@ -4,7 +4,8 @@
 // Contract
 //   dst row r (k_pad elements of 2 bytes, 16-byte aligned) = src row map[r] (k elements; map null: row r)
 //   with its 2-element pairs permuted: dst pair q = src pair natural_pair(f, q), zero where that pair is
-//   past k. Rows r < rows, where rows = *n_rows when n_rows is given (written by an earlier kernel: the
+//   past k (natural: no permutation, dst pair q = src pair q: a plain row gather, k_pad = k, for the
+//   mma.sync kernel, which reads X in natural order). Rows r < rows, where rows = *n_rows when n_rows is given (written by an earlier kernel: the
 //   MoE's align), else `rows`. Grid (x, y) (row_vector_grid): thread i of CTA (x, y) writes vector
 //   y * blockDim.x + i of rows x, x + gridDim.x, ...; the grid's y must cover k_pad / 8 vectors. Under
 //   programmatic dependent launch it waits for the previous kernel before reading anything.
@@ -24,7 +25,7 @@ namespace fp4kit {
 namespace kernels {
 
 __global__ void lane_order_kernel(const uint32_t* src, const int* map, const int* n_rows, int64_t rows, Format f,
-                                  int k, int k_pad, uint4* dst) {
+                                  int k, int k_pad, bool natural, uint4* dst) {
   griddep_launch_dependents();
   griddep_wait();
   if (n_rows) rows = *n_rows;
@@ -33,7 +34,7 @@ __global__ void lane_order_kernel(const uint32_t* src, const int* map, const int
   if (v >= vecs) return;
   int pn[4];  // the source pairs of this vector, the same in every row
 #pragma unroll
-  for (int j = 0; j < 4; ++j) pn[j] = int(layout::natural_pair(f, 4 * v + j));
+  for (int j = 0; j < 4; ++j) pn[j] = natural ? 4 * v + j : int(layout::natural_pair(f, 4 * v + j));
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const uint32_t* row = src + (map ? int64_t(map[r]) : r) * pairs;
     uint32_t w[4];

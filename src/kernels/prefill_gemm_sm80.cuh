@@ -10,6 +10,9 @@
 //   the partials in split order: deterministic; it leaves the counter zeroed). Differences: X is read
 //   directly, row-major [m, K] in its natural K order (p.x; no lane-order pass, no workspace for X, no
 //   tensor map), and the body is plain sm_80 code, so every GPU fp4kit runs on can run it.
+//   Grouped mode (kGrouped, the fused MoE's tensor-core path on devices without wgmma): as the wgmma
+//   kernel's (PrefillGroup: each CTA one expert's 128 rows x BN of that expert's sorted rows of X, CTAs past
+//   the routing's last tile leave at once; splits = 1), X in natural order, rows k long.
 //   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S>::kSmem bytes
 //   of dynamic shared memory (prefill.cu, plan_prefill). Rows >= n and tokens >= m are never written.
 //
@@ -138,7 +141,7 @@ template <typename T, int BN> struct StageLoader {
   }
 };
 
-template <Format F, typename T, int BN, int S, int WR>
+template <Format F, typename T, int BN, int S, int WR, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillParams p) {
   using G = Geometry<BN, S, WR>;
   constexpr int kWarpRowTiles = WR, kRowWarps = kRowTilesPerCta / WR, kWarpToks = BN / WR;
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
   int row_block, token_tile, split, splits, tail;
   prefill::cta_tile(p, row_block, token_tile, split, splits, tail);
   CtaOperands<T> op;
-  prefill::cta_operands<T, BN, false>(p, token_tile, op);
+  if (!prefill::cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
   const int rt0 = row_block * kRowTilesPerCta;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
   const int j_begin = int(int64_t(p.k_macros) * split / splits);

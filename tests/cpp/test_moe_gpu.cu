@@ -672,6 +672,21 @@ bool tensor_core_path_here(const char* test) {
   return st.ok();
 }
 
+// The tensor-core path's kernels this device runs, each made current in turn by body(mma): wgmma (Hopper
+// with sm_90a code), and mma.sync, which every sm_80+ device runs (forced on Hopper: detail::set_moe_mma).
+template <class Body>
+void for_each_tensor_core_kernel(Body body) {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  for (int mma : {0, 1}) {
+    if (mma == 0 && major != 9) continue;  // elsewhere the path is the mma.sync kernel already
+    detail::set_moe_mma(mma);
+    body(mma == 1 || major != 9);
+  }
+  detail::set_moe_mma(-1);
+}
+
 // Forced tensor-core path against the reference. Shapes: H = 160 (gate_up K of 2.5 64-K chunks:
 // NVFP4's odd last stage) and I = 96 (down K = 96), n = 192 and 160 (partial 128-row blocks). Tokens:
 // 1 (one row), 37 and 300 (partial token tiles; skewed: several tiles per expert), kOneExpert (every
@@ -687,13 +702,14 @@ TEST(moe_tensor_core_matches_reference) {
     cases.push_back({130, 1, Case::kOneExpert, false});
     cases.push_back({kMoETensorCorePassTokens + 8, 2, Case::kRandom, false});  // two passes
   }
+  for_each_tensor_core_kernel([&](bool mma) {
   int n = 0;
   for (Format f : {Format::kMXFP4, Format::kNVFP4})
     for (const TC& t : cases) {
       Case c;
       c.path = MoEPath::kTensorCore;
-      const int tiles[4] = {0, 64, 128, 256};  // chosen, then each token tile forced in turn
-      c.token_tile = tiles[n++ % 4];
+      const int tiles[4] = {0, 64, 128, 256};  // chosen, then each token tile forced in turn (mma.sync: to 128)
+      c.token_tile = tiles[n++ % (mma ? 3 : 4)];
       c.f = f;
       c.f16 = t.f16;
       c.T = t.T;
@@ -705,6 +721,7 @@ TEST(moe_tensor_core_matches_reference) {
       c.bias = t.k != 2;
       check_case(c);
     }
+  });
 }
 
 // Every token-tile width of the grouped prefill kernel (prefill_gemm_sm90.cuh: a tile of at most BN / 4 or
@@ -713,8 +730,10 @@ TEST(moe_tensor_core_matches_reference) {
 // without tokens, for each forced token tile.
 TEST(moe_tensor_core_narrow_tiles) {
   if (!tensor_core_path_here("moe_tensor_core_narrow_tiles")) return;
+  for_each_tensor_core_kernel([&](bool mma) {
   for (int bn : {64, 128, 256})
     for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+      if (mma && bn == 256) continue;
       Case c;
       c.path = MoEPath::kTensorCore;
       c.token_tile = bn;
@@ -728,6 +747,7 @@ TEST(moe_tensor_core_narrow_tiles) {
       c.bias = true;
       check_case(c);
     }
+  });
 }
 
 // kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
@@ -770,15 +790,32 @@ TEST(moe_tensor_core_bad_ids_give_nan_rows) {
 // The gpt-oss layer shape on the tensor-core path (K = 2880: 5.6 slices of 512; n = 5760 and 2880).
 TEST(moe_tensor_core_gpt_oss_shape) {
   if (!tensor_core_path_here("moe_tensor_core_gpt_oss_shape")) return;
-  for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
-    Case c = gpt_oss_case();
-    c.path = MoEPath::kTensorCore;
-    c.f = f;
-    c.T = 9;
-    c.routing = Case::kSkewed;
-    check_case(c);
-    if (quick()) break;
-  }
+  for_each_tensor_core_kernel([&](bool) {
+    for (Format f : {Format::kMXFP4, Format::kNVFP4}) {
+      Case c = gpt_oss_case();
+      c.path = MoEPath::kTensorCore;
+      c.f = f;
+      c.T = 9;
+      c.routing = Case::kSkewed;
+      check_case(c);
+      if (quick()) break;
+    }
+  });
+}
+
+// The mma.sync kernel's tensor-core path takes no 256-token tiles: a clear error, not a silent change.
+TEST(moe_mma_token_tile_rule) {
+  detail::set_moe_mma(1);
+  MoEArgs a = small_shapes();
+  a.path = MoEPath::kTensorCore;
+  a.token_tile = 256;
+  size_t bytes = 0;
+  const Status st = moe_workspace_bytes(a, &bytes);
+  CHECK_MSG(!st.ok() && st.message().find("token_tile: 256-token tiles need the wgmma kernel") != std::string::npos,
+            "got: " << st.message());
+  a.token_tile = 128;
+  CHECK_OK(moe_workspace_bytes(a, &bytes));
+  detail::set_moe_mma(-1);
 }
 
 TEST(moe_validator_messages) {
