@@ -69,6 +69,14 @@ FP4KIT_HD int64_t natural_pair(Format f, int64_t q) {
   return lane_kbase(f, q >> 5, r & 3) / 2 + 2 * (r >> 3) + ((r >> 2) & 1);
 }
 
+// The mma.sync prefill kernel's X tile (kernels/prefill_gemm_sm80.cuh): a stage holds 128 K of each token,
+// 256 bytes, as 16 units of 16 bytes; unit u (K 8u .. 8u + 7) of token row `tok` is stored at unit
+// mma_x_unit(tok, u). Lane t of a quad reads unit (lane_kbase(c, t) mod 128) / 8 + sp of tokens g, so the
+// eight lanes of a quarter warp (two tokens of opposite parity, four t) meet units 2t + 8i + sp (NVFP4) or
+// 4t + 2i + sp (MXFP4): XOR-ing bit 1 with bit 3 and bit 0 with the token's parity spreads both over eight
+// distinct 16-byte bank groups (test_repack checks it).
+FP4KIT_HD int mma_x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1); }
+
 // Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
 // Each 32-bit word holds two scale "units" u0, u1 (NVFP4: chunks; MXFP4: chunk pairs) as bytes
 // [u0 g, u1 g, u0 g+8, u1 g+8]: the even bytes of a word are one unit's two rows, so one mask turns them

@@ -79,7 +79,7 @@ template <int BN, int S, int WR = 2> struct Geometry {
 };
 
 // Where 16-byte unit u (K 8u .. 8u + 7 of the stage) of token row `tok` lives (see the contract).
-__device__ __forceinline__ int x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1); }
+__device__ __forceinline__ int x_unit(int tok, int u) { return layout::mma_x_unit(tok, u); }
 
 __device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -141,6 +141,31 @@ TEST(lane_order_is_the_records_k_order) {
   }
 }
 
+// The mma.sync prefill kernel's X swizzle (layout::mma_x_unit): a permutation of each 256-byte row, and the
+// 16-byte reads of every quarter warp (lanes 8q .. 8q + 7: tokens 2q, 2q + 1 of a column tile, quad lanes
+// t = 0..3) land in eight distinct bank groups for both formats, every chunk of a stage and both step pairs.
+TEST(mma_x_tile_reads_are_conflict_free) {
+  for (int tok = 0; tok < 4; ++tok) {
+    std::vector<int> seen(16, 0);
+    for (int u = 0; u < 16; ++u) ++seen[size_t(layout::mma_x_unit(tok, u))];
+    for (int u = 0; u < 16; ++u) CHECK_EQ(seen[size_t(u)], 1);
+  }
+  for (Format f : {Format::kNVFP4, Format::kMXFP4})
+    for (int c = 0; c < 4; ++c)  // chunks of two stages
+      for (int sp = 0; sp < 2; ++sp)
+        for (int nt = 0; nt < 8; ++nt)
+          for (int q = 0; q < 4; ++q) {
+            std::vector<int> group(8, 0);
+            for (int lane = 8 * q; lane < 8 * q + 8; ++lane) {
+              const int g = lane >> 2, t = lane & 3, tok = 8 * nt + g;
+              const int u = (int(layout::lane_kbase(f, c, t)) & 127) / 8 + sp;
+              const int byte = tok * 256 + layout::mma_x_unit(tok, u) * 16;
+              ++group[size_t((byte / 16) % 8)];  // 16-byte bank groups of the 128-byte bank row
+            }
+            for (int b = 0; b < 8; ++b) CHECK_MSG(group[size_t(b)] == 1, format_name(f) << " c=" << c << " sp=" << sp << " q=" << q);
+          }
+}
+
 TEST(round_trip_restores_bytes_and_values) {
   struct S { int64_t n, k; };
   const S shapes[] = {{16, 64}, {17, 96}, {1, 32}, {40, 2880}, {33, 1056}, {128, 512}, {5, 4128}};
