@@ -13,8 +13,8 @@
 //   Grouped mode (kGrouped, the fused MoE's tensor-core path on devices without wgmma): as the wgmma
 //   kernel's (PrefillGroup: each CTA one expert's 128 rows x BN of that expert's sorted rows of X, CTAs past
 //   the routing's last tile leave at once; splits = 1), X in natural order, rows k long.
-//   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S>::kSmem bytes
-//   of dynamic shared memory (prefill.cu, plan_prefill). Rows >= n and tokens >= m are never written.
+//   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S, WR>::kSmem
+//   bytes of dynamic shared memory (prefill.cu: plan_prefill, plan_prefill_grouped). Rows >= n and tokens >= m are never written.
 //
 // Why it is shaped this way
 //   - mma.m16n8k16 takes A (16 weight rows) from registers, so each lane dequantises its own 16-byte
@@ -24,11 +24,13 @@
 //   - B (X) in the record's K order needs no permutation: lane t of step s needs K = lane_kbase(t) + 4s +
 //     {0..3} of its token, 8 bytes, so one 16-byte shared load serves two steps of one 8-token column tile
 //     (the decode kernel's compute_stage reads its X the same way).
-//   - 8 warps as 4 (rows) x 2 (tokens): a warp owns 2 row tiles x BN / 2 tokens. A dequantised record
-//     feeds BN / 16 MMAs and each X load 4, so per 64-K chunk a warp spends ~80 integer/16x2 instructions
-//     on the weights and BN / 8 shared loads on X against BN / 2 MMAs. Each weight is dequantised twice
-//     per CTA (once per token warp): the alternative splits (8 x 1 warps: X read 8 times; 2 x 4: weights
-//     dequantised 4 times) cost more issue slots or shared-memory bandwidth.
+//   - 8 warps as 4 (rows) x 2 (tokens) (WR = 2 row tiles per warp): a warp owns 2 row tiles x BN / 2
+//     tokens. A dequantised record feeds BN / 16 MMAs and each X load 4, so per 64-K chunk a warp spends
+//     ~80 integer/16x2 instructions on the weights and BN / 8 shared loads on X against BN / 2 MMAs. Each
+//     weight is dequantised twice per CTA (once per token warp). Measured on the H200 (docs/prefill-notes.md):
+//     8 x 1 warps (WR = 1: dequantised once, ~25% fewer instructions per MMA) ran 5-8% slower, and two
+//     64-token CTAs per SM were no faster: the SM waits on latency (dequantise -> multiply -> MMA chains),
+//     not on issue slots or shared memory.
 //   - Stage = 128 K: two 64-K chunks, because an MXFP4 lane's group spans a chunk pair over 128 K
 //     (lane_kbase). A stage is X [BN tokens][128 K] plus the 8 row tiles' records of both chunks (8 KB).
 //     S stages in the classic cp.async ring: wait for stage s (wait_group S - 2), one barrier (which also
