@@ -178,6 +178,15 @@ constexpr int cluster_twin(int ring) {
   return -1;
 }
 
+// The first ring entry (the decode kernel's default) for n_tiles 8-token tiles: its index in kKernelConfigs,
+// -1 where the table has none. The fused MoE's grouped decode GEMMs run it; past 64 tokens it is the decode
+// kernel in 64-token blocks.
+constexpr int first_ring_index(int n_tiles) {
+  for (int i = 0; i < kNumKernelConfigs; ++i)
+    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing) return i;
+  return -1;
+}
+
 // The table (static storage, `count` entries).
 const KernelConfig* kernel_configs(int* count);
 const KernelConfig* find_config(int id);

@@ -85,11 +85,7 @@ using GroupedFn = detail::DecodeKernelFn;
 
 // At 32 tokens per pass that is the one-row-tile entry, as on dense layers below 2^27 weights (the
 // two-tile entry also spilled a few bytes in grouped mode with NVFP4 and FP16).
-constexpr int grouped_index(int n_tiles) {
-  for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kRing) return i;
-  return -1;
-}
+constexpr int grouped_index(int n_tiles) { return first_ring_index(n_tiles); }
 // The cluster twin of the one-token-tile entry (cluster mode, sm_90): a schedule entry's row group with
 // its K split over a thread-block cluster, reduced in distributed shared memory (decode_gemm.cuh).
 constexpr int grouped_cluster_index() { return cluster_twin(grouped_index(1)); }

@@ -40,28 +40,26 @@ PrefillKernel kernel_of() {
   return {reinterpret_cast<const void*>(&pk::prefill_gemm_kernel<F, T, BN, kGrouped, kBlocks>), G::kSmem, G::kStages,
           G::kPartialFloats};
 }
-// The mma.sync kernels (configs.h, the kMma entries): one CTA per SM, a ring of 4 stages; wr row tiles per
-// warp.
+// The mma.sync kernels (configs.h, the kMma entries): one CTA per SM, a ring of 4 stages.
 constexpr int kMmaStages = 4;
-template <Format F, typename T, int BN, int WR, bool kGrouped>
+template <Format F, typename T, int BN, bool kGrouped>
 PrefillKernel mma_kernel_of() {
-  using G = mk::Geometry<BN, kMmaStages, WR>;
-  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages, WR, kGrouped>), G::kSmem,
+  using G = mk::Geometry<BN, kMmaStages>;
+  return {reinterpret_cast<const void*>(&mk::prefill_mma_kernel<F, T, BN, kMmaStages, kGrouped>), G::kSmem,
           G::kStages, G::kPartialFloats};
 }
 template <Format F, typename T, bool kGrouped>
-PrefillKernel mma_kernel_for_tile(int bn, int wr) {
-  if (wr != 2) return {};
-  return bn == 64 ? mma_kernel_of<F, T, 64, 2, kGrouped>() : bn == 128 ? mma_kernel_of<F, T, 128, 2, kGrouped>()
-                                                                       : PrefillKernel{};
+PrefillKernel mma_kernel_for_tile(int bn) {
+  return bn == 64 ? mma_kernel_of<F, T, 64, kGrouped>() : bn == 128 ? mma_kernel_of<F, T, 128, kGrouped>()
+                                                                    : PrefillKernel{};
 }
 template <bool kGrouped>
-PrefillKernel select_mma_kernel(Format f, DType act, int bn, int wr) {
+PrefillKernel select_mma_kernel(Format f, DType act, int bn) {
   if (f == Format::kNVFP4)
-    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn, wr)
-                               : mma_kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn, wr);
-  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn, wr)
-                             : mma_kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn, wr);
+    return act == DType::kBF16 ? mma_kernel_for_tile<Format::kNVFP4, __nv_bfloat16, kGrouped>(bn)
+                               : mma_kernel_for_tile<Format::kNVFP4, __half, kGrouped>(bn);
+  return act == DType::kBF16 ? mma_kernel_for_tile<Format::kMXFP4, __nv_bfloat16, kGrouped>(bn)
+                             : mma_kernel_for_tile<Format::kMXFP4, __half, kGrouped>(bn);
 }
 
 // blocks: CTAs per SM (the entry's min_blocks); two only at BN = 64.
@@ -150,7 +148,7 @@ bool prefill_runs_here() {
 }
 
 int mma_prefill_smem(const KernelConfig& cfg) {
-  return cfg.pipeline == kMma ? select_mma_kernel<false>(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles, cfg.row_tiles).smem
+  return cfg.pipeline == kMma ? select_mma_kernel<false>(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles).smem
                               : 0;
 }
 
@@ -161,9 +159,10 @@ namespace {
 // needs); sms: the device's SM count.
 Status mma_kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grouped, PrefillKernel* k, int* sms) {
   const int bn = 8 * cfg.n_tiles;
-  *k = grouped ? select_mma_kernel<true>(f, act, bn, cfg.row_tiles) : select_mma_kernel<false>(f, act, bn, cfg.row_tiles);
+  *k = grouped ? select_mma_kernel<true>(f, act, bn) : select_mma_kernel<false>(f, act, bn);
   if (!k->fn) return Status(Code::kInternal, std::string("config ") + cfg.name + " has no mma.sync prefill kernel");
-  if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.min_blocks != 1 || cfg.chunks != mk::kStageChunks)
+  if (k->stages != cfg.stages || cfg.warps != mk::kWarps || cfg.row_tiles != mk::kWarpRowTiles || cfg.min_blocks != 1 ||
+      cfg.chunks != mk::kStageChunks)
     return Status(Code::kInternal, std::string("config ") + cfg.name + " does not describe its mma.sync prefill kernel");
   int per_sm = 0;
   return resident_per_sm(k->fn, mk::kThreads, k->smem, nullptr, sms, &per_sm);

@@ -443,9 +443,7 @@ int main(int argc, char** argv) {
       const KernelConfig* table = kernel_configs(&ncfg);
       std::vector<int> cfgs;
       const int picked = config >= 0 ? config : dispatch_config(f, act, m, n, k, prop.name, nullptr, cc, sms);
-      int decode64 = -1;  // the first ring entry of 64 tokens
-      for (int ci = ncfg - 1; ci >= 0; --ci)
-        if (table[ci].pipeline == kRing && table[ci].n_tiles == 8) decode64 = table[ci].id;
+      const int decode64 = kKernelConfigs[first_ring_index(8)].id;  // the decode kernel's 64-token default
       // What --config all times besides the pick (see the contract on top).
       auto applies = [&](const KernelConfig& c) {
         if (!config_supported(c, cc)) return false;

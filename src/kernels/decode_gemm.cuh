@@ -410,12 +410,19 @@ constexpr int kXRowElems = layout::kMacroK + 8;
 // Bytes of the two X slice buffers of a launch with n_tiles token tiles.
 __host__ __device__ constexpr int x_stage_bytes_for(int n_tiles) { return 2 * 8 * n_tiles * kXRowElems * 2; }
 
+// 16 bytes global -> shared (dst: a shared-space address), zero-filled when !valid (nothing is read).
+__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+  cp_async16_u32(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// Until at most N of this thread's commit groups are pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // Copy X[0:m, 512 j : 512 j + 512] into buffer `xs` (zero past K).
 // Threads tid = 0 .. nthreads-1 share the copy.

@@ -13,7 +13,7 @@
 //   Grouped mode (kGrouped, the fused MoE's tensor-core path on devices without wgmma): as the wgmma
 //   kernel's (PrefillGroup: each CTA one expert's 128 rows x BN of that expert's sorted rows of X, CTAs past
 //   the routing's last tile leave at once; splits = 1), X in natural order, rows k long.
-//   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S, WR>::kSmem
+//   Launch: grid split_from + (tiles - split_from) * splits, kThreads threads, Geometry<BN, S>::kSmem
 //   bytes of dynamic shared memory (prefill.cu: plan_prefill, plan_prefill_grouped). Rows >= n and tokens >= m are never written.
 //
 // Why it is shaped this way
@@ -24,11 +24,10 @@
 //   - B (X) in the record's K order needs no permutation: lane t of step s needs K = lane_kbase(t) + 4s +
 //     {0..3} of its token, 8 bytes, so one 16-byte shared load serves two steps of one 8-token column tile
 //     (the decode kernel's compute_stage reads its X the same way).
-//   - 8 warps as 4 (rows) x 2 (tokens) (WR = 2 row tiles per warp): a warp owns 2 row tiles x BN / 2
-//     tokens. A dequantised record feeds BN / 16 MMAs and each X load 4, so per 64-K chunk a warp spends
+//   - 8 warps as 4 (rows) x 2 (tokens): a warp owns 2 row tiles x BN / 2 tokens. A dequantised record feeds BN / 16 MMAs and each X load 4, so per 64-K chunk a warp spends
 //     ~80 integer/16x2 instructions on the weights and BN / 8 shared loads on X against BN / 2 MMAs. Each
 //     weight is dequantised twice per CTA (once per token warp). Measured on the H200 (docs/prefill-notes.md):
-//     8 x 1 warps (WR = 1: dequantised once, ~25% fewer instructions per MMA) ran 5-8% slower, and two
+//     8 x 1 warps (dequantised once, ~25% fewer instructions per MMA) ran 5-8% slower, and two
 //     64-token CTAs per SM were no faster: the SM waits on latency (dequantise -> multiply -> MMA chains),
 //     not on issue slots or shared memory.
 //   - Stage = 128 K: two 64-K chunks, because an MXFP4 lane's group spans a chunk pair over 128 K
@@ -56,6 +55,8 @@ using prefill::PrefillParams;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kRowTilesPerCta = 8;                            // 128 rows, the wgmma kernel's row block
+constexpr int kWarpRowTiles = 2;                              // 16-row tiles per warp
+constexpr int kRowWarps = kRowTilesPerCta / kWarpRowTiles;    // x 2 token warps
 static_assert(kRowTilesPerCta == prefill::kRowTilesPerCta, "one tile geometry for both prefill kernels");
 constexpr int kStageChunks = 2;
 constexpr int kStageK = kStageChunks * layout::kChunkK;      // 128
@@ -63,18 +64,20 @@ constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;
 constexpr int kRecordBytes = 32 * 16;                         // one row tile's records of one chunk
 constexpr int kXRowBytes = kStageK * 2;                       // one token's X of a stage
 
-// WR: 16-row tiles per warp; the 8 warps are 8 / WR row warps x WR token warps of BN / WR tokens.
-template <int BN, int S, int WR = 2> struct Geometry {
+// X bytes of one stage of a BN-token tile.
+constexpr int x_stage_bytes(int bn) { return bn * kXRowBytes; }
+
+template <int BN, int S> struct Geometry {
   static_assert(BN == 64 || BN == 128, "token tile");
   static_assert(S >= 2, "ring");
-  static constexpr int kX = BN * kXRowBytes;
+  static constexpr int kX = x_stage_bytes(BN);
   static constexpr int kW = kRowTilesPerCta * kStageChunks * kRecordBytes;
   static constexpr int kStage = kX + kW;
   static constexpr int kStages = S;
   static constexpr int kSmem = S * kStage;
-  static_assert(WR == 1 || WR == 2, "row tiles per warp");
-  static constexpr int kWarpTiles = BN / (8 * WR);            // 8-token column tiles per warp (BN / WR tokens)
-  static constexpr int kAcc = WR * kWarpTiles * 4;            // fp32 accumulators per thread
+  static constexpr int kWarpToks = BN / 2;                    // tokens per warp (2 token warps)
+  static constexpr int kWarpTiles = kWarpToks / 8;            // 8-token column tiles per warp
+  static constexpr int kAcc = kWarpRowTiles * kWarpTiles * 4; // fp32 accumulators per thread
   static constexpr int kPartialFloats = kAcc * kThreads;      // one split's partial tile (128 x BN)
   static constexpr int kPitch = kRowTilesPerCta * 16 * 2 + 16;  // epilogue: bytes per token (+16: banks)
   static_assert(BN * kPitch <= kSmem, "the staged output tile fits the ring");
@@ -83,12 +86,6 @@ template <int BN, int S, int WR = 2> struct Geometry {
 // Where 16-byte unit u (K 8u .. 8u + 7 of the stage) of token row `tok` lives (see the contract).
 __device__ __forceinline__ int x_unit(int tok, int u) { return layout::mma_x_unit(tok, u); }
 
-__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // Copies stage s (K 128 s .. 128 s + 127) of this CTA into a ring slot: X of its BN tokens (zero past m
 // and K) and the records of its row tiles' chunks 2s, 2s + 1 that exist. Thread tid keeps one 16-byte unit
@@ -129,7 +126,6 @@ template <typename T, int BN> struct StageLoader {
   // The copies of stage s into the slot at shared address `slot` (record slot tid + 256 j at 16 (tid + 256 j)
   // after X).
   __device__ __forceinline__ void load(uint32_t slot, int s, int tid) const {
-    using G = Geometry<BN, 2>;
 #pragma unroll
     for (int j = 0; j < kXPieces; ++j) {
       const bool valid = ((tok_ok >> j) & 1) && s * kStageK < k8;
@@ -139,14 +135,14 @@ template <typename T, int BN> struct StageLoader {
 #pragma unroll
     for (int j = 0; j < kWPieces; ++j)
       if (((w_ok >> j) & 1) && chunk_ok)
-        cp_async16_u32(slot + G::kX + uint32_t(16 * (tid + kThreads * j)), w + j * w_step + int64_t(s) * 1024, true);
+        cp_async16_u32(slot + x_stage_bytes(BN) + uint32_t(16 * (tid + kThreads * j)), w + j * w_step + int64_t(s) * 1024, true);
   }
 };
 
-template <Format F, typename T, int BN, int S, int WR, bool kGrouped = false>
+template <Format F, typename T, int BN, int S, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillParams p) {
-  using G = Geometry<BN, S, WR>;
-  constexpr int kWarpRowTiles = WR, kRowWarps = kRowTilesPerCta / WR, kWarpToks = BN / WR;
+  using G = Geometry<BN, S>;
+  constexpr int kWarpToks = G::kWarpToks;
   constexpr int WT = G::kWarpTiles;
   extern __shared__ __align__(16) uint8_t mma_smem[];
   __shared__ int s_last;
@@ -285,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
   }
 
   // ---- epilogue: acc[r][nt][2h + e] is row g + 8h of row tile wm * 2 + r, token 8 nt + 2t + e of the
-  // warp's BN / WR tokens.
+  // warp's BN / 2 tokens.
   T* y = static_cast<T*>(p.y);
   const int row0 = row_block * kRowTilesPerCta * 16, tok0 = op.tok_begin;
   if (p.n % 8 == 0) {
@@ -309,13 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
                 Act<T>::from_float(acc[r][nt][2 * h + e] * fb.x + fb.y);
       }
     __syncthreads();
-    constexpr int kSegs = kRowTilesPerCta * 16 / 8;  // 16-byte segments per token
-    for (int c = tid; c < toks * kSegs; c += kThreads) {
-      const int tk = c / kSegs, rr = (c % kSegs) * 8;
-      if (rr < rows)
-        *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + rr) =
-            *reinterpret_cast<const uint4*>(mma_smem + tk * G::kPitch + rr * 2);
-    }
+    prefill::store_staged_tile<G::kPitch, kThreads>(mma_smem, y, p.n, row0, rows, tok0, toks, tid);
     return;
   }
 #pragma unroll

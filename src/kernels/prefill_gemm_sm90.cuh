@@ -409,6 +409,22 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   return true;
 }
 
+// An output tile staged in shared memory as [token][128 rows] (kPitch bytes per token) to Y in 16-byte row
+// segments, 8 rows of one token per thread (threads tid of kN): whole sectors per warp store. Rows of the
+// tile from `rows` on and tokens from `toks` on are not written; with n % 8 == 0 (the caller's condition)
+// every segment of an existing row is whole and 16-byte aligned. Both prefill kernels' epilogues end here.
+template <int kPitch, int kN, typename T>
+__device__ __forceinline__ void store_staged_tile(const uint8_t* tile, T* y, int n, int row0, int rows, int tok0,
+                                                  int toks, int tid) {
+  constexpr int kSegs = kRowsPerCta / 8;  // 16-byte segments per token
+  for (int c = tid; c < toks * kSegs; c += kN) {
+    const int tk = c / kSegs, r = (c % kSegs) * 8;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * n + row0 + r) =
+          *reinterpret_cast<const uint4*>(tile + tk * kPitch + r * 2);
+  }
+}
+
 template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
@@ -628,13 +644,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       }
     }
     consumer_sync();
-    constexpr int kSegs = kRowsPerCta / 8;  // 16-byte segments per token
-    for (int c = threadIdx.x; c < toks * kSegs; c += kConsumerThreads) {
-      const int tk = c / kSegs, r = (c % kSegs) * 8;
-      if (r < rows)
-        *reinterpret_cast<uint4*>(y + int64_t(tok0 + tk) * p.n + row0 + r) =
-            *reinterpret_cast<const uint4*>(tile + tk * kPitch + r * 2);
-    }
+    store_staged_tile<kPitch, kConsumerThreads>(tile, y, p.n, row0, rows, tok0, toks, threadIdx.x);
     return;
   }
   if (!rt_ok) return;
