@@ -53,6 +53,7 @@
 #include "moe_internal.h"
 #include "kernels/moe_align.cuh"
 #include "kernels/moe_bf16_gemm.cuh"
+#include "kernels/moe_bf16_mma.cuh"
 #include "kernels/moe_elementwise.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
@@ -256,12 +257,44 @@ Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
   return Status::Ok();
 }
 
+// BF16 experts on the tensor-core path: the grouped BF16 mma.sync GEMM (moe_bf16_mma.cuh) for bn-token
+// tiles, with the deepest ring the device's shared memory per block allows (4 stages: 128 KB at bn = 128,
+// which fits sm_80 / sm_87 / sm_90; else 3: sm_86 / sm_89's 99 KB). The plan is a GroupedPrefillPlan
+// (kernel, threads, shared memory, tile, row blocks) so that the pass loop treats both kinds alike.
+using Bf16TcFn = void (*)(kernels::prefill::PrefillParams);
+template <int BN>
+Status plan_bf16_tc_bn(int64_t n, detail::GroupedPrefillPlan* out) {
+  namespace bm = kernels::bf16mma;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return Status(Code::kCudaError, "fused_moe: cannot query the device's shared memory");
+  const bool deep = bm::Geometry<BN, 4>::kSmem <= optin;
+  const Bf16TcFn fn = deep ? &bm::moe_bf16_mma_kernel<BN, 4> : &bm::moe_bf16_mma_kernel<BN, 3>;
+  detail::GroupedPrefillPlan p;
+  p.kernel = reinterpret_cast<const void*>(fn);
+  p.mma = true;
+  p.threads = bm::kThreads;
+  p.smem_bytes = deep ? bm::Geometry<BN, 4>::kSmem : bm::Geometry<BN, 3>::kSmem;
+  p.bn = BN;
+  p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
+  int per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(p.kernel, p.threads, p.smem_bytes, nullptr, &p.sms, &per_sm));
+  if (per_sm < 1)
+    return Status::Unsupported("fused_moe: the BF16 experts' tensor-core kernel does not fit this device's shared memory");
+  *out = p;
+  return Status::Ok();
+}
+Status plan_bf16_tc(int64_t n, int bn, detail::GroupedPrefillPlan* out) {
+  return bn == 128 ? plan_bf16_tc_bn<128>(n, out) : plan_bf16_tc_bn<64>(n, out);
+}
+
 // Workspace layout for one pass of up to pass_tokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
   int pairs = 0, max_active = 0;
   bool bf16 = false;
-  bool tc = false;     // FP4 experts on the tensor-core path
-  bool mma = false;    // ... through the mma.sync kernel (X and activations in natural order), else wgmma
+  bool tc = false;     // the tensor-core path (FP4 or, with bf16, BF16 experts)
+  bool mma = false;    // ... through an mma.sync kernel (X and activations in natural order), else wgmma
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // FP4 experts, tensor-core path
   int tc_max_tiles = 0;                 // token tiles the grouped prefill grids cover
@@ -297,8 +330,11 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
   const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
-    if (!fp4) return Status::Unsupported("path: the tensor-core path runs FP4 experts only (these are BF16)");
     *tc = true;
+  } else if (!fp4) {
+    // BF16 experts: the tensor cores once the tokens exceed one pass of the GEMV (which re-reads every touched
+    // expert's weights per 64 tokens); docs/moe-notes.md has the measured crossover.
+    *tc = a.tokens > kMoEBF16PassTokens;
   } else {
     // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
     // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.
@@ -306,7 +342,7 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     const bool wide = a.tokens > kMoEDecodePassTokens || fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs)) == 8;
     *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide;
   }
-  *mma = *tc && (moe_mma_forced() || !detail::prefill_runs_here());
+  *mma = *tc && (!fp4 || moe_mma_forced() || !detail::prefill_runs_here());  // BF16 experts: mma.sync only
   return Status::Ok();
 }
 
@@ -322,7 +358,16 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   // resident while the one before drains (gpt-oss-120b T = 1-16 0-5% faster, DeepSeek-V3 and Qwen3 up
   // to 3%); with BF16 experts it cost 3-4% at T = 16 (docs/moe-notes.md), so there it stays opt-in.
   p.pdl = detail::pdl_enabled_here(!p.bf16);
-  if (p.tc) {
+  if (p.tc && p.bf16) {
+    // 128-token tiles where an expert has >= 96 rows of the pass on average (as the FP4 mma.sync path), else 64.
+    if (a.token_tile == 256)
+      return Status::Invalid("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles: 0, 64 or 128");
+    const int bn = a.token_tile ? a.token_tile : p.pairs / p.max_active >= 96 ? 128 : 64;
+    FP4KIT_RETURN_IF_ERROR(plan_bf16_tc(a.gate_up.n, bn, &p.tgu));
+    FP4KIT_RETURN_IF_ERROR(plan_bf16_tc(a.down.n, bn, &p.tdn));
+    p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
+    p.sms = p.tgu.sms;
+  } else if (p.tc) {
     // Token tile (unless a.token_tile says): 256 rows where an expert has >= 192 of the pass on average,
     // 128 from 96, else 64. An expert's last tile runs narrower wgmmas when it holds few rows
     // (prefill_gemm_sm90.cuh), but still dequantises all its weights; every extra tile dequantises the
@@ -668,6 +713,28 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
+  // BF16 experts on the tensor-core path: the grouped BF16 mma.sync GEMM over the pass's sorted rows.
+  auto launch_bf16_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
+                            void* y) {
+    const int64_t grid = int64_t(tp.row_blocks) * plan.tc_max_tiles;
+    if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped BF16 grid holds at most 2^31 - 1 CTAs");
+    kernels::prefill::PrefillParams p{};
+    p.x = x;
+    p.y = y;
+    p.m = rows;
+    p.n = int(w.n);
+    p.k = int(w.k);
+    p.row_blocks = tp.row_blocks;
+    p.token_tiles = plan.tc_max_tiles;
+    p.splits = 1;
+    p.group = kernels::prefill::PrefillGroup{b.offset, b.tile_offset, E,
+                                             kernels::ExpertStack{static_cast<const uint8_t*>(w.data), w.stride, 0, 0, 0, w.bias}};
+    reinterpret_cast<Bf16TcFn>(const_cast<void*>(tp.kernel))<<<unsigned(grid), tp.threads, tp.smem_bytes, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped BF16 launch: ") + cudaGetErrorString(e));
+    return Status::Ok();
+  };
+
   for (int64_t t0 = 0; t0 < a.tokens; t0 += plan.pass_tokens()) {
     const int tokens = int(std::min<int64_t>(plan.pass_tokens(), a.tokens - t0));
     const int pairs = tokens * a.top_k;
@@ -682,9 +749,15 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       // dead until then).
       detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
                                 plan.sms, stream, plan.pdl, /*natural=*/plan.mma);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
-      launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
+      if (plan.bf16) {
+        FP4KIT_RETURN_IF_ERROR(launch_bf16_tc(plan.tgu, a.gate_up, o, pairs, h));
+        launch_activation(pairs);
+        FP4KIT_RETURN_IF_ERROR(launch_bf16_tc(plan.tdn, a.down, act, pairs, o));
+      } else {
+        FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
+        launch_activation(pairs);
+        FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
+      }
       launch_combine(t0, tokens, y);
       continue;
     }

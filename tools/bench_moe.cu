@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
         a.activation = sh.act;
         a.layout = sh.layout;
         a.act = act_bf16 ? DType::kBF16 : DType::kF16;
-        a.path = bf16 ? MoEPath::kAuto : path;
+        a.path = path;
         a.token_tile = tile;
         MoEPath taken = MoEPath::kDecode;
         CKS(moe_path(a, &taken));

@@ -457,6 +457,60 @@ TEST(moe_bf16_gpt_oss_shape) {  // BF16 experts, T = 1 and 16 tokens
   }
 }
 
+// BF16 experts on the tensor-core path (moe_bf16_mma.cuh; forced, every sm_80+ device): H = 168 and I = 104
+// (partial 128-row blocks, K of 2.6 / 1.6 64-K stages), token tiles chosen, 64 and 128 in turn; one row,
+// partial tiles, skewed routing, every token on experts 0..k-1 (one expert with T rows: many tiles), counts
+// that leave exactly BN / 2 + 1 rows, one row after whole tiles and an expert without tokens, padded
+// expert strides (NaN in the padding), and (full run) two passes.
+TEST(moe_bf16_tensor_core_matches_reference) {
+  struct TC { int64_t T; int k; Case::Routing r; };
+  std::vector<TC> cases = {{1, 4, Case::kRandom}, {37, 2, Case::kSkewed}, {300, 4, Case::kRandom},
+                           {300, 8, Case::kOneExpert}, {1000, 1, Case::kRandom}};
+  if (!quick()) {
+    cases.push_back({130, 1, Case::kOneExpert});
+    cases.push_back({kMoETensorCorePassTokens + 8, 2, Case::kRandom});  // two passes
+  }
+  int n = 0;
+  for (const TC& t : cases) {
+    Case c;
+    c.bf16 = true;
+    c.bf16_pad = n % 2 ? 48 : 0;
+    c.path = MoEPath::kTensorCore;
+    const int tiles[3] = {0, 64, 128};
+    c.token_tile = tiles[n++ % 3];
+    c.T = t.T;
+    c.top_k = t.k;
+    c.H = 168;
+    c.I = 104;
+    c.E = t.k == 8 ? 32 : 8 + 4 * t.k;
+    c.routing = t.r;
+    c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
+    c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+    c.bias = t.k != 2;
+    check_case(c);
+  }
+  for (int bn : {64, 128}) {
+    Case c;
+    c.bf16 = true;
+    c.path = MoEPath::kTensorCore;
+    c.token_tile = bn;
+    c.top_k = 1;
+    c.E = 6;
+    c.counts = {bn / 2 + 1, bn + 1, 1, 0, bn, 3};
+    c.T = 0;
+    for (int v : c.counts) c.T += v;
+    c.routing = Case::kCounts;
+    c.bias = true;
+    check_case(c);
+  }
+  Case g = gpt_oss_case();  // K = 2880 (45 stages), n = 5760 and 2880
+  g.bf16 = true;
+  g.path = MoEPath::kTensorCore;
+  g.T = 70;
+  g.routing = Case::kSkewed;
+  check_case(g);
+}
+
 TEST(moe_bf16_bad_ids_give_nan_rows) {
   Case c;
   c.bf16 = true;
@@ -751,7 +805,8 @@ TEST(moe_tensor_core_narrow_tiles) {
 }
 
 // kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
-// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts always decode.
+// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts decode up to
+// kMoEBF16PassTokens tokens (one pass of their GEMV), the tensor cores above.
 TEST(moe_auto_path_rule) {
   if (!tensor_core_path_here("moe_auto_path_rule")) return;
   struct P { int64_t T; int E, k; bool bf16; MoEPath want; };
@@ -761,7 +816,8 @@ TEST(moe_auto_path_rule) {
       {257, 128, 4, false, MoEPath::kTensorCore},  // two passes
       {64, 8, 2, false, MoEPath::kDecode},       // 16 rows per expert
       {128, 8, 2, false, MoEPath::kTensorCore},  // 32 rows per expert
-      {4096, 8, 2, true, MoEPath::kDecode}};
+      {64, 8, 2, true, MoEPath::kDecode},  {65, 128, 4, true, MoEPath::kTensorCore},
+      {4096, 8, 2, true, MoEPath::kTensorCore}};
   for (const P& c : cases) {
     MoEArgs a = small_shapes();
     a.tokens = c.T;
@@ -816,6 +872,21 @@ TEST(moe_mma_token_tile_rule) {
   a.token_tile = 128;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
   detail::set_moe_mma(-1);
+}
+
+// BF16 experts' tensor-core kernel has no 256-token tiles: a clear error.
+TEST(moe_bf16_token_tile_rule) {
+  MoEArgs a = small_shapes();
+  a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
+  a.gate_up.stride = size_t(a.gate_up.n * a.gate_up.k * 2);
+  a.down.stride = size_t(a.down.n * a.down.k * 2);
+  a.path = MoEPath::kTensorCore;
+  a.token_tile = 256;
+  size_t bytes = 0;
+  const Status st = moe_workspace_bytes(a, &bytes);
+  CHECK_MSG(!st.ok() && st.message().find("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles") !=
+                            std::string::npos,
+            "got: " << st.message());
 }
 
 TEST(moe_validator_messages) {
