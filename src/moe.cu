@@ -258,35 +258,33 @@ Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
 }
 
 // BF16 experts on the tensor-core path: the grouped BF16 mma.sync GEMM (moe_bf16_mma.cuh) for bn-token
-// tiles, with the deepest ring the device's shared memory per block allows (4 stages: 128 KB at bn = 128,
-// which fits sm_80 / sm_87 / sm_90; else 3: sm_86 / sm_89's 99 KB). The plan is a GroupedPrefillPlan
-// (kernel, threads, shared memory, tile, row blocks) so that the pass loop treats both kinds alike.
+// tiles: 64 tokens one CTA per SM with a 4-stage ring, 128 tokens two CTAs per SM (3 stages, 128 registers:
+// one CTA's ring fill and epilogue overlap the other's main loop). Both take 96 KB of shared memory, which
+// every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200, docs/moe-notes.md): 128-token tiles
+// two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7 ms; 64-token tiles two per SM 1-3%
+// slower than one. The plan is a GroupedPrefillPlan (kernel, threads, shared memory, tile, row blocks) so
+// that the pass loop treats both kinds alike.
 using Bf16TcFn = void (*)(kernels::prefill::PrefillParams);
-template <int BN>
-Status plan_bf16_tc_bn(int64_t n, detail::GroupedPrefillPlan* out) {
+template <int BN, int S, int kBlocks>
+Status plan_bf16_tc_of(int64_t n, detail::GroupedPrefillPlan* out) {
   namespace bm = kernels::bf16mma;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return Status(Code::kCudaError, "fused_moe: cannot query the device's shared memory");
-  const bool deep = bm::Geometry<BN, 4>::kSmem <= optin;
-  const Bf16TcFn fn = deep ? &bm::moe_bf16_mma_kernel<BN, 4> : &bm::moe_bf16_mma_kernel<BN, 3>;
   detail::GroupedPrefillPlan p;
-  p.kernel = reinterpret_cast<const void*>(fn);
+  p.kernel = reinterpret_cast<const void*>(static_cast<Bf16TcFn>(&bm::moe_bf16_mma_kernel<BN, S, kBlocks>));
   p.mma = true;
   p.threads = bm::kThreads;
-  p.smem_bytes = deep ? bm::Geometry<BN, 4>::kSmem : bm::Geometry<BN, 3>::kSmem;
+  p.smem_bytes = bm::Geometry<BN, S>::kSmem;
   p.bn = BN;
   p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
   int per_sm = 0;
   FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(p.kernel, p.threads, p.smem_bytes, nullptr, &p.sms, &per_sm));
   if (per_sm < 1)
-    return Status::Unsupported("fused_moe: the BF16 experts' tensor-core kernel does not fit this device's shared memory");
+    return Status::Unsupported("fused_moe: the BF16 experts' tensor-core kernel (" + std::to_string(p.smem_bytes / 1024) +
+                               " KB of shared memory per block) does not fit this device");
   *out = p;
   return Status::Ok();
 }
 Status plan_bf16_tc(int64_t n, int bn, detail::GroupedPrefillPlan* out) {
-  return bn == 128 ? plan_bf16_tc_bn<128>(n, out) : plan_bf16_tc_bn<64>(n, out);
+  return bn == 128 ? plan_bf16_tc_of<128, 3, 2>(n, out) : plan_bf16_tc_of<64, 4, 1>(n, out);
 }
 
 // Workspace layout for one pass of up to pass_tokens tokens (reused by every pass, stream-ordered).
@@ -359,7 +357,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   // to 3%); with BF16 experts it cost 3-4% at T = 16 (docs/moe-notes.md), so there it stays opt-in.
   p.pdl = detail::pdl_enabled_here(!p.bf16);
   if (p.tc && p.bf16) {
-    // 128-token tiles where an expert has >= 96 rows of the pass on average (as the FP4 mma.sync path), else 64.
+    // Token tile (unless a.token_tile says): 128 rows where an expert has >= 96 of the pass on average, else
+    // 64 (gpt-oss-120b, 16 rows per expert at T = 512: 1.67 ms against 2.21; 64 rows at T = 2048: even).
     if (a.token_tile == 256)
       return Status::Invalid("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles: 0, 64 or 128");
     const int bn = a.token_tile ? a.token_tile : p.pairs / p.max_active >= 96 ? 128 : 64;

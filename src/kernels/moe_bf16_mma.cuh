@@ -24,7 +24,9 @@
 //   - 16-byte unit u of row r is stored at unit u ^ (r & 7): the eight row addresses of each ldmatrix
 //     phase and the cp.async writes of a warp then fall on eight distinct bank groups.
 //   - 8 warps as 2 (64 rows) x 4 (BN / 4 tokens): per 16 K a warp loads 4 A and BN / 64 B fragments x4
-//     for 4 x BN / 32 MMAs.
+//     for 4 x BN / 32 MMAs. kBlocks CTAs per SM (launch bound): at BN = 128 two (3 stages, 128 registers)
+//     ran 10% faster than one on gpt-oss-120b at T = 8192, and faster than 256-token tiles at one per SM
+//     (docs/moe-notes.md): the SM waits on one CTA's ring fill and epilogue unless another CTA runs.
 //   - The epilogue stages the tile as [token][row] in the (free) ring and stores 16-byte row segments
 //     (prefill::store_staged_tile, as the FP4 prefill kernels do).
 #pragma once
@@ -52,7 +54,7 @@ template <int BN, int S> struct Geometry {
   static constexpr int kX = BN * kRowBytes;
   static constexpr int kStage = kW + kX;
   static constexpr int kSmem = S * kStage;
-  static constexpr int kWarpToks = BN / kTokWarps;    // 32 or 16
+  static constexpr int kWarpToks = BN / kTokWarps;    // 16 or 32
   static constexpr int kWarpTiles = kWarpToks / 8;    // 8-token column tiles per warp
   static constexpr int kPitch = kRows * 2 + 16;       // epilogue: bytes per token (+16: banks)
   static_assert(BN * kPitch <= kSmem, "the staged output tile fits the ring");
@@ -91,8 +93,8 @@ __device__ __forceinline__ void load_stage(uint32_t slot, const PrefillParams& p
   }
 }
 
-template <int BN, int S>
-__global__ void __launch_bounds__(kThreads, 1) moe_bf16_mma_kernel(const PrefillParams p) {
+template <int BN, int S, int kBlocks = 1>
+__global__ void __launch_bounds__(kThreads, kBlocks) moe_bf16_mma_kernel(const PrefillParams p) {
   using G = Geometry<BN, S>;
   using T = __nv_bfloat16;
   constexpr int MT = kWarpRowTiles, NT = G::kWarpTiles;

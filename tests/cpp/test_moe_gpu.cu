@@ -887,6 +887,8 @@ TEST(moe_bf16_token_tile_rule) {
   CHECK_MSG(!st.ok() && st.message().find("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles") !=
                             std::string::npos,
             "got: " << st.message());
+  a.token_tile = 128;
+  CHECK_OK(moe_workspace_bytes(a, &bytes));
 }
 
 TEST(moe_validator_messages) {
