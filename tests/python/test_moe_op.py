@@ -451,7 +451,8 @@ def test_cuda_float16_matches_reference(fmt, activation, layout, bias):
                                        ("mxfp4", 64, 224, 160), ("bf16", 16, 168, 104), ("bf16", 64, 224, 160)])
 def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
     layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
-    # 100: two passes of 64 tokens for BF16 experts; 200: FP4 experts on the tensor-core path on Hopper where
+    # 100, 200, 300: BF16 experts on the tensor-core path (past one 64-token pass); 200: FP4 experts on the
+    # tensor-core path on Hopper where
     # the decode path would need its widest token tiles (about 22+ mean rows per expert), else one decode
     # pass; 300: past kMoEDecodePassTokens = 256, the tensor-core path for FP4 experts on Hopper (fp4kit/moe.h)
     for t in (1, 5, 37, 64, 100, 200, 300):
