@@ -330,9 +330,14 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
   if (a.path == MoEPath::kTensorCore) {
     *tc = true;
   } else if (!fp4) {
-    // BF16 experts: the tensor cores once the tokens exceed one pass of the GEMV (which re-reads every touched
-    // expert's weights per 64 tokens); docs/moe-notes.md has the measured crossover.
-    *tc = a.tokens > kMoEBF16PassTokens;
+    // BF16 experts: the tensor cores past one pass of the GEMV (which re-reads every touched expert's weights
+    // per 64 tokens), where experts average 8 or more rows of the pass, and at T = 1. Measured, both paths on
+    // five models at T = 1-64 (docs/moe-notes.md): 8-16 rows per expert 16-41% faster on the tensor cores
+    // (gpt-oss-20b, Mixtral at T = 64), 1-4 rows within -12% .. +10% either way, T = 1 7-15% faster on four
+    // of the five models (DeepSeek-V3 4% slower).
+    const int pairs = int(std::min(a.tokens, kMoEBF16PassTokens)) * a.top_k;
+    const int avg_rows = pairs / std::min(a.num_experts, pairs);
+    *tc = a.tokens > kMoEBF16PassTokens || a.tokens == 1 || avg_rows >= 8;
   } else {
     // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
     // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.

@@ -49,9 +49,10 @@
 //       tensor core: Hopper (sm_90a) only: the tokens' rows are gathered per expert and both projections
 //                    run through the grouped prefill GEMM (wgmma), passes of up to kMoETensorCorePassTokens
 //                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
-//     BF16 experts: up to kMoEBF16PassTokens tokens their grouped GEMV (one pass, each touched expert's
-//     weights streamed once); above, the tensor-core path with a grouped BF16 mma.sync GEMM (any sm_80+
-//     device; 64- and 128-token tiles), passes of up to kMoETensorCorePassTokens tokens.
+//     BF16 experts: the grouped GEMV (passes of kMoEBF16PassTokens tokens, each touched expert's weights
+//     streamed once per pass), or the tensor-core path with a grouped BF16 mma.sync GEMM (any sm_80+
+//     device; 64- and 128-token tiles; passes of up to kMoETensorCorePassTokens tokens): kAuto takes the
+//     latter past one GEMV pass, where experts average 8 or more rows, and at T = 1 (measured faster).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
 //     (the call clears what it relies on). One workspace per stream. It grows with min(T, pass tokens):
 //     on the tensor-core path up to ~0.8 GB for gpt-oss-120b and ~1.7 GB for DeepSeek-V3 (8192-token
@@ -99,7 +100,7 @@ enum class MoEPath : int {
   kAuto = 0,        // tensor core where T >= kMoETensorCoreMinTokens, and either T > kMoEDecodePassTokens
                     // or the decode path would need its widest (64-row) token tiles: experts averaging
                     // about 22 or more rows of the pass; else decode. BF16 experts: tensor core where
-                    // T > kMoEBF16PassTokens
+                    // T > kMoEBF16PassTokens, T = 1, or experts average >= 8 rows of the pass
   kDecode = 1,      // the grouped decode GEMM, or BF16 experts' GEMV (any device)
   kTensorCore = 2,  // the grouped tensor-core GEMM: FP4 experts wgmma on sm_90a, mma.sync on other sm_80+
                     // devices (64- and 128-token tiles there); BF16 experts mma.sync on every device (64-
@@ -107,8 +108,7 @@ enum class MoEPath : int {
 };
 constexpr int64_t kMoETensorCoreMinTokens = 64;
 constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
-constexpr int64_t kMoEBF16PassTokens = 64;     // BF16 experts' GEMV (<= 64 rows per expert); kAuto takes the
-                                               // tensor cores above one such pass
+constexpr int64_t kMoEBF16PassTokens = 64;     // BF16 experts' GEMV (<= 64 rows per expert per pass)
 // Tensor-core passes: every pass re-reads the weights of the experts it touches (gpt-oss-120b: 1.7 GB, ~0.4 ms
 // at HBM speed), and more rows per expert fill wider token tiles; the workspace grows with the pass
 // (tokens x top_k x (3 I + H) x 2 bytes, roughly: gpt-oss-120b ~0.8 GB, DeepSeek-V3 ~1.7 GB at 8192).

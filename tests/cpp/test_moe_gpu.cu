@@ -805,8 +805,8 @@ TEST(moe_tensor_core_narrow_tiles) {
 }
 
 // kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
-// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts decode up to
-// kMoEBF16PassTokens tokens (one pass of their GEMV), the tensor cores above.
+// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts take the tensor cores
+// past one pass of their GEMV (kMoEBF16PassTokens), where experts average >= 8 rows, and at T = 1.
 TEST(moe_auto_path_rule) {
   if (!tensor_core_path_here("moe_auto_path_rule")) return;
   struct P { int64_t T; int E, k; bool bf16; MoEPath want; };
@@ -816,8 +816,11 @@ TEST(moe_auto_path_rule) {
       {257, 128, 4, false, MoEPath::kTensorCore},  // two passes
       {64, 8, 2, false, MoEPath::kDecode},       // 16 rows per expert
       {128, 8, 2, false, MoEPath::kTensorCore},  // 32 rows per expert
-      {64, 8, 2, true, MoEPath::kDecode},  {65, 128, 4, true, MoEPath::kTensorCore},
-      {4096, 8, 2, true, MoEPath::kTensorCore}};
+      {1, 128, 4, true, MoEPath::kTensorCore},  {2, 128, 4, true, MoEPath::kDecode},
+      {64, 128, 4, true, MoEPath::kDecode},     // 2 rows per expert
+      {16, 8, 2, true, MoEPath::kDecode},       // 4
+      {32, 8, 2, true, MoEPath::kTensorCore},   // 8
+      {65, 128, 4, true, MoEPath::kTensorCore}, {4096, 8, 2, true, MoEPath::kTensorCore}};
   for (const P& c : cases) {
     MoEArgs a = small_shapes();
     a.tokens = c.T;
