@@ -457,36 +457,44 @@ TEST(moe_bf16_gpt_oss_shape) {  // BF16 experts, T = 1 and 16 tokens
   }
 }
 
+// A forced tensor-core case of the token-count / top-k / routing sweeps below: experts 8 + 4k (32 at
+// top-8), the activation, gate/up layout and biases varied with T and k.
+struct TcPoint { int64_t T; int k; Case::Routing r; bool f16 = false; };
+Case tensor_core_case(const TcPoint& t, int token_tile) {
+  Case c;
+  c.path = MoEPath::kTensorCore;
+  c.token_tile = token_tile;
+  c.f16 = t.f16;
+  c.T = t.T;
+  c.top_k = t.k;
+  c.E = t.k == 8 ? 32 : 8 + 4 * t.k;
+  c.routing = t.r;
+  c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
+  c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
+  c.bias = t.k != 2;
+  return c;
+}
+
 // BF16 experts on the tensor-core path (moe_bf16_mma.cuh; forced, every sm_80+ device): H = 168 and I = 104
 // (partial 128-row blocks, K of 2.6 / 1.6 64-K stages), token tiles chosen, 64 and 128 in turn; one row,
 // partial tiles, skewed routing, every token on experts 0..k-1 (one expert with T rows: many tiles), counts
 // that leave exactly BN / 2 + 1 rows, one row after whole tiles and an expert without tokens, padded
 // expert strides (NaN in the padding), and (full run) two passes.
 TEST(moe_bf16_tensor_core_matches_reference) {
-  struct TC { int64_t T; int k; Case::Routing r; };
-  std::vector<TC> cases = {{1, 4, Case::kRandom}, {37, 2, Case::kSkewed}, {300, 4, Case::kRandom},
-                           {300, 8, Case::kOneExpert}, {1000, 1, Case::kRandom}};
+  std::vector<TcPoint> cases = {{1, 4, Case::kRandom}, {37, 2, Case::kSkewed}, {300, 4, Case::kRandom},
+                                {300, 8, Case::kOneExpert}, {1000, 1, Case::kRandom}};
   if (!quick()) {
     cases.push_back({130, 1, Case::kOneExpert});
     cases.push_back({kMoETensorCorePassTokens + 8, 2, Case::kRandom});  // two passes
   }
   int n = 0;
-  for (const TC& t : cases) {
-    Case c;
-    c.bf16 = true;
-    c.bf16_pad = n % 2 ? 48 : 0;
-    c.path = MoEPath::kTensorCore;
+  for (const TcPoint& t : cases) {
     const int tiles[3] = {0, 64, 128};
-    c.token_tile = tiles[n++ % 3];
-    c.T = t.T;
-    c.top_k = t.k;
+    Case c = tensor_core_case(t, tiles[n % 3]);
+    c.bf16 = true;
+    c.bf16_pad = n++ % 2 ? 48 : 0;
     c.H = 168;
     c.I = 104;
-    c.E = t.k == 8 ? 32 : 8 + 4 * t.k;
-    c.routing = t.r;
-    c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
-    c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
-    c.bias = t.k != 2;
     check_case(c);
   }
   for (int bn : {64, 128}) {
@@ -748,9 +756,8 @@ void for_each_tensor_core_kernel(Body body) {
 // and kMoETensorCorePassTokens + 8 tokens (two passes). The cases cycle through the token tiles (chosen, 64, 128, 256).
 TEST(moe_tensor_core_matches_reference) {
   if (!tensor_core_path_here("moe_tensor_core_matches_reference")) return;
-  struct TC { int64_t T; int k; Case::Routing r; bool f16; };
-  std::vector<TC> cases = {{1, 4, Case::kRandom, false}, {37, 2, Case::kSkewed, false}, {300, 4, Case::kRandom, false},
-                           {300, 8, Case::kOneExpert, true}, {1000, 1, Case::kRandom, false}};
+  std::vector<TcPoint> cases = {{1, 4, Case::kRandom, false}, {37, 2, Case::kSkewed, false}, {300, 4, Case::kRandom, false},
+                                {300, 8, Case::kOneExpert, true}, {1000, 1, Case::kRandom, false}};
   if (!quick()) {
     cases.push_back({300, 2, Case::kSkewed, true});
     cases.push_back({130, 1, Case::kOneExpert, false});
@@ -759,20 +766,10 @@ TEST(moe_tensor_core_matches_reference) {
   for_each_tensor_core_kernel([&](bool mma) {
   int n = 0;
   for (Format f : {Format::kMXFP4, Format::kNVFP4})
-    for (const TC& t : cases) {
-      Case c;
-      c.path = MoEPath::kTensorCore;
+    for (const TcPoint& t : cases) {
       const int tiles[4] = {0, 64, 128, 256};  // chosen, then each token tile forced in turn (mma.sync: to 128)
-      c.token_tile = tiles[n++ % (mma ? 3 : 4)];
+      Case c = tensor_core_case(t, tiles[n++ % (mma ? 3 : 4)]);
       c.f = f;
-      c.f16 = t.f16;
-      c.T = t.T;
-      c.top_k = t.k;
-      c.E = t.k == 8 ? 32 : 8 + 4 * t.k;
-      c.routing = t.r;
-      c.act = (t.T + t.k) % 2 ? MoEActivation::kSwigluOAI : MoEActivation::kSiluAndMul;
-      c.layout = t.k % 4 == 0 ? GateUpLayout::kInterleaved : GateUpLayout::kConcatenated;
-      c.bias = t.k != 2;
       check_case(c);
     }
   });
