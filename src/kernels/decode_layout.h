@@ -77,6 +77,13 @@ FP4KIT_HD int64_t natural_pair(Format f, int64_t q) {
 // distinct 16-byte bank groups (test_repack checks it).
 FP4KIT_HD int mma_x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1); }
 
+// The BF16 experts' tensor-core kernel's stage buffers (kernels/moe_bf16_mma.cuh): rows of 64 K, 128 bytes,
+// as 8 units of 16 bytes; unit u of row r is stored at unit bf16_unit(r, u). An ldmatrix phase reads one
+// unit of eight consecutive rows (r0 a multiple of 8): XOR-ing the unit with the row's low three bits puts
+// them in eight distinct 16-byte bank groups (test_repack checks it), and a row's eight units stay a
+// permutation, so the eight threads that copy one row write eight distinct groups too.
+FP4KIT_HD int bf16_unit(int r, int u) { return u ^ (r & 7); }
+
 // Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
 // Each 32-bit word holds two scale "units" u0, u1 (NVFP4: chunks; MXFP4: chunk pairs) as bytes
 // [u0 g, u1 g, u0 g+8, u1 g+8]: the even bytes of a word are one unit's two rows, so one mask turns them

@@ -21,8 +21,8 @@
 //     through ldmatrix. mma.m16n8k16 computes Y^T = W X^T as in every fp4kit GEMM: the weight rows are the
 //     A operand (ldmatrix.x4 of a 16 x 16 block gives a0..a3 in order), the tokens the 8-wide N side (X rows
 //     are K-contiguous, i.e. B "col": ldmatrix.x4 of 16 tokens x 16 K gives two column tiles' b0, b1).
-//   - 16-byte unit u of row r is stored at unit u ^ (r & 7): the eight row addresses of each ldmatrix
-//     phase and the cp.async writes of a warp then fall on eight distinct bank groups.
+//   - 16-byte unit u of row r is stored at unit u ^ (r & 7) (layout::bf16_unit): the eight row addresses
+//     of each ldmatrix phase and the cp.async writes of a warp then fall on eight distinct bank groups.
 //   - 8 warps as 2 (64 rows) x 4 (BN / 4 tokens): per 16 K a warp loads 4 A and BN / 64 B fragments x4
 //     for 4 x BN / 32 MMAs. kBlocks CTAs per SM (launch bound): at BN = 128 two (3 stages, 128 registers)
 //     ran 10% faster than one on gpt-oss-120b at T = 8192, and faster than 256-token tiles at one per SM
@@ -61,7 +61,7 @@ template <int BN, int S> struct Geometry {
 };
 
 // Byte offset of 16-byte unit u of row r in a [rows][64 K] stage buffer (swizzled: see the contract).
-__device__ __forceinline__ uint32_t unit_at(int r, int u) { return uint32_t(r * kRowBytes + ((u ^ (r & 7)) << 4)); }
+__device__ __forceinline__ uint32_t unit_at(int r, int u) { return uint32_t(r * kRowBytes + (layout::bf16_unit(r, u) << 4)); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -166,6 +166,23 @@ TEST(mma_x_tile_reads_are_conflict_free) {
           }
 }
 
+// The BF16 experts' tensor-core stage buffers: each row's units a permutation, and every ldmatrix phase
+// (one unit of rows r0 .. r0 + 7, r0 a multiple of 8: the kernel's A and B row addresses) on eight distinct
+// 16-byte bank groups. Without the XOR every phase would hit one group eight times.
+TEST(bf16_tile_reads_are_conflict_free) {
+  for (int r = 0; r < 16; ++r) {
+    std::vector<int> seen(8, 0);
+    for (int u = 0; u < 8; ++u) ++seen[size_t(layout::bf16_unit(r, u))];
+    for (int u = 0; u < 8; ++u) CHECK_EQ(seen[size_t(u)], 1);
+  }
+  for (int r0 = 0; r0 < 256; r0 += 8)
+    for (int u = 0; u < 8; ++u) {
+      std::vector<int> group(8, 0);
+      for (int r = r0; r < r0 + 8; ++r) ++group[size_t(((r * 128 + layout::bf16_unit(r, u) * 16) / 16) % 8)];
+      for (int b = 0; b < 8; ++b) CHECK_MSG(group[size_t(b)] == 1, "r0=" << r0 << " u=" << u);
+    }
+}
+
 TEST(round_trip_restores_bytes_and_values) {
   struct S { int64_t n, k; };
   const S shapes[] = {{16, 64}, {17, 96}, {1, 32}, {40, 2880}, {33, 1056}, {128, 512}, {5, 4128}};
