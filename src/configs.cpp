@@ -101,7 +101,17 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   if (sms <= 0) sms = kDefaultSms;
   const int64_t prefill_min_m = cc_major == 9 ? kPrefillMinM : kMmaPrefillMinM;
   const bool mma_too_large = cc_major != 9 && n * k >= (int64_t(1) << kMmaMaxWeightsLog2);
-  const int prefill = m >= prefill_min_m && !mma_too_large ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
+  int prefill = m >= prefill_min_m && !mma_too_large ? pick_prefill_config(m, n, k, cc_major, sms) : -1;
+  // sm_80-89: one token tile of whole-K mma.sync CTAs filling less than 3/4 of the SMs streams each row
+  // block's weights on one SM while the rest idle; the decode kernel's 64-token blocks spread the same
+  // bytes over every SM (stream-K) instead (see kMmaSubWaveQuarters).
+  bool mma_sub_wave = false;
+  if (prefill >= 0 && cc_major != 9) {
+    const KernelConfig& c = *find_config(prefill);
+    mma_sub_wave = m <= 8 * c.n_tiles && prefill_schedule(c, m, n, k, sms).splits == 1 &&
+                   4 * prefill_tiles(c, m, n) < int64_t(kMmaSubWaveQuarters) * sms;
+    if (mma_sub_wave) prefill = -1;
+  }
   if (prefill >= 0) {
     const KernelConfig& best = *find_config(prefill);
     if (why) {
@@ -171,6 +181,9 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
            (m >= kMmaPrefillMinM && mma_too_large ? " (>= 2^" + std::to_string(kMmaMaxWeightsLog2) +
                                                         " weights: not the mma.sync prefill kernel)"
                                                   : "") +
+           (mma_sub_wave ? " (one whole-K token tile of mma.sync CTAs would fill less than " +
+                               std::to_string(kMmaSubWaveQuarters) + "/4 of the SMs)"
+                         : "") +
            (large ? "; >= 2^" + std::to_string(large_log2) + " weights: most row tiles per warp" : "; first entry") + ")";
   return pick->id;
 }

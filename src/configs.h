@@ -208,6 +208,13 @@ inline constexpr int64_t kMmaPrefillMinM = 65;
 // H200 (forced, bench/results/ampere_sweep_0b3b302.json), where down (2^27.8) was within 1-4% and qkv and o
 // 16-30% slower. Measured on the H200 only (no Ampere or Ada part here).
 inline constexpr int kMmaMaxWeightsLog2 = 28;
+// ... and where the mma.sync plan is one token tile (m <= its BN) of whole-K CTAs that fill less than
+// kMmaSubWaveQuarters / 4 of the SMs, the decode kernel's 64-token blocks: Llama-3.3-70B qkv at m = 128
+// (80 row blocks on 132 SMs) ran 92.6-92.8 us there against 124.3-124.9 us for a128_w8_s4 (three runs on the
+// H200, forced: ampere_sweep_0b3b302.json, prefill_llama70b_sm80.json) and 98.0 for the best split entry;
+// o (split K 2 ways) and o at m = 256 (128 whole-K tiles, 97% of a wave: 126.3 against 162.1 us) keep the
+// mma.sync kernel.
+inline constexpr int kMmaSubWaveQuarters = 3;
 
 // pick_config takes the cluster twin of its decode pick (cc 9.x) for layers of at most this many row
 // groups whose (row group, K slice) units all fit one wave of resident CTAs, and with one-token tiles

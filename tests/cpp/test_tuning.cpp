@@ -236,7 +236,10 @@ TEST(analytic_default_prefill) {
       CHECK_EQ(is_prefill(hopper), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
       CHECK(!is_prefill(hopper) || hopper.pipeline == kWgmma);
       const KernelConfig& ampere = *find_config(pick_config(m, n, 8192, nullptr, 8, 108));
-      CHECK_EQ(is_prefill(ampere), m >= kMmaPrefillMinM && n * 8192 < (int64_t(1) << kMmaMaxWeightsLog2));
+      // n = 8192 up to one 128-token tile on 108 SMs: 64 whole-K CTAs (the model's plan), the sub-wave rule's
+      // decode blocks; n = 128 splits K 6-8 ways instead.
+      const bool sub_wave = n == 8192 && m <= 128;
+      CHECK_EQ(is_prefill(ampere), m >= kMmaPrefillMinM && n * 8192 < (int64_t(1) << kMmaMaxWeightsLog2) && !sub_wave);
       CHECK(!is_prefill(ampere) || ampere.pipeline == kMma);
       CHECK(config_supported(ampere, 8));
     }
@@ -247,6 +250,14 @@ TEST(analytic_default_prefill) {
   CHECK(why.find("mma.sync prefill kernel from m >= 65 on cc 8.x") != std::string::npos);
   pick_config(256, 57344, 8192, &why, 8, 108);  // Llama-70B gate_up: 64-token blocks of the decode kernel
   CHECK(why.find("64-token blocks") != std::string::npos && why.find("not the mma.sync") != std::string::npos);
+  // cc 8.x on 132 SMs, Llama-3.3-70B (measured forced on the H200, configs.h kMmaSubWaveQuarters): qkv at
+  // m = 128 is one token tile of 80 whole-K CTAs, so the decode kernel's blocks; o at m = 128 splits K, o
+  // at m = 256 fills 128 of 132 SMs: the mma.sync kernel.
+  const KernelConfig& qkv128 = *find_config(pick_config(128, 10240, 8192, &why, 8, 132));
+  CHECK_MSG(!is_prefill(qkv128) && why.find("would fill less than 3/4 of the SMs") != std::string::npos, why);
+  CHECK_EQ(pick_config(128, 8192, 8192, nullptr, 8, 132), id_of("a128_w8_s4_k8"));
+  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 8, 132), id_of("a128_w8_s4"));
+  CHECK(find_config(pick_config(256, 10240, 8192, nullptr, 8, 132))->pipeline == kMma);
   // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o and down split K 2 ways over
   // 256-token tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
   // 4 ways; gate_up (448 row blocks) three whole-K waves of 256-token tiles and the last 52 split 2 ways;
