@@ -25,7 +25,7 @@
 // (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there.
 // Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
 // The kernels of steps 1, 3 and 5 are in kernels/moe_align.cuh and kernels/moe_elementwise.cuh; the
-// GEMMs in decode_gemm.cuh, moe_bf16_gemm.cuh and prefill_gemm_sm90.cuh.
+// GEMMs in decode_gemm.cuh, moe_bf16_gemm.cuh, moe_bf16_mma.cuh and prefill_gemm_sm{90,80}.cuh.
 //
 // Tensor-core path (FP4 experts, sm_90a, large T): passes of up to kMoETensorCorePassTokens tokens, six
 // launches per pass: align (which also numbers each expert's token tiles), a gather of X into sorted row
@@ -35,7 +35,11 @@
 // tiles), the activation and the same combine. The gather and the activation write their rows in lane
 // order (layout::natural_pair, k_pad long), the K order in which each lane of the GEMM dequantises only
 // its own weight records: the permutation costs nothing where the rows are written anyway. The gathered X
-// lives where the down GEMM's output goes (it is dead by then).
+// lives where the down GEMM's output goes (it is dead by then). On devices without wgmma (or forced) the FP4
+// GEMMs are the mma.sync prefill kernel's grouped mode (prefill_gemm_sm80.cuh), which reads X and the
+// activations in natural order; BF16 experts take the same path with their own grouped mma.sync GEMM
+// (moe_bf16_mma.cuh) on every device, past one GEMV pass, at >= 8 rows per expert, and at T = 1
+// (choose_tensor_core).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -294,7 +298,7 @@ struct MoEPlan {
   bool tc = false;     // the tensor-core path (FP4 or, with bf16, BF16 experts)
   bool mma = false;    // ... through an mma.sync kernel (X and activations in natural order), else wgmma
   GroupedPlan gu, dn;  // FP4 experts, decode path
-  detail::GroupedPrefillPlan tgu, tdn;  // FP4 experts, tensor-core path
+  detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
   int tc_max_tiles = 0;                 // token tiles the grouped prefill grids cover
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
