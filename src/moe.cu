@@ -584,6 +584,14 @@ namespace detail {
 void set_moe_clusters(int on) { g_clusters = on; }
 void set_moe_mma(int on) { g_mma = on; }
 
+Status moe_gemm_kernel(const MoEArgs& a, const char** kernel) {
+  if (!kernel) return Status::Invalid("kernel: must not be null");
+  MoEPlan plan;
+  FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
+  *kernel = plan.tc ? (plan.bf16 ? "bf16 mma.sync" : plan.mma ? "mma.sync" : "wgmma") : plan.bf16 ? "bf16 gemv" : "decode";
+  return Status::Ok();
+}
+
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
   MoEPlan plan;

@@ -11,6 +11,11 @@ namespace detail {
 // launch).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
 
+// The GEMM kernel the plan runs for these arguments: "decode" (the grouped decode GEMM), "bf16 gemv" (BF16
+// experts' GEMV), "wgmma" or "mma.sync" (FP4 experts on the tensor-core path), "bf16 mma.sync" (BF16 experts
+// on the tensor-core path). The benchmark records it beside each row.
+Status moe_gemm_kernel(const MoEArgs& a, const char** kernel);
+
 // The decode path's cluster mode (moe.cu, plan_grouped): 0 never (stream-K only), 1 by its rule, -1 as the
 // environment says (FP4KIT_MOE_CLUSTERS=0 turns it off; default on). Not thread-safe: set it before the
 // calls it affects.

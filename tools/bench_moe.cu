@@ -21,7 +21,8 @@
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
 // same way (n * k * 2 per matrix). --path forces fused_moe's path (MoEArgs::path; each row records the path
-// taken, and passes and streamed bytes follow that path's pass size; on the decode path `clusters` gives the
+// taken and `gemm_kernel` the GEMM kernel it ran (decode, bf16 gemv, wgmma, mma.sync, bf16 mma.sync), and
+// passes and streamed bytes follow that path's pass size; on the decode path `clusters` gives the
 // CTAs per cluster of the gate_up and down GEMMs, 0 where they run stream-K). --tile sets MoEArgs::token_tile, the
 // tensor-core path's token tile (0: chosen; rows record it as token_tile). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is
@@ -107,6 +108,7 @@ struct Row {
   double streamed, tflops;  // bytes the passes stream; useful TFLOP/s
   int calls, replays;       // the timing's graph size and replay count
   bool tc;                  // the tensor-core path ran
+  std::string kernel;       // the GEMM kernel (detail::moe_gemm_kernel)
   int gu_cluster, dn_cluster;  // decode path: CTAs per cluster of the grouped GEMMs (0: stream-K)
   double route_us;             // --routing logits: route() alone (0 otherwise)
 };
@@ -263,6 +265,8 @@ int main(int argc, char** argv) {
         const bool tc = taken == MoEPath::kTensorCore;
         int gu_cluster = 0, dn_cluster = 0;
         CKS(fp4kit::detail::moe_decode_clusters(a, &gu_cluster, &dn_cluster));
+        const char* gemm_kernel = "";
+        CKS(fp4kit::detail::moe_gemm_kernel(a, &gemm_kernel));
         const int64_t pass_tokens = pass_tokens_of(tc, bf16);
         // Routings and their touched experts (per call, and per pass).
         std::vector<void*> ids_d(kRoutings), wts_d(kRoutings), logits_d(kRoutings, nullptr);
@@ -400,8 +404,8 @@ int main(int argc, char** argv) {
                     nonfinite ? "  NONFINITE" : "");
         std::fflush(stdout);
         rows.push_back(Row{sh.model, fname, sh.E, sh.top_k, sh.H, sh.I, T, us, touched, bytes, tbps, nonfinite,
-                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, gu_cluster, dn_cluster,
-                           route_us});
+                           pass_experts * per_expert, tflops, m.calls, m.replays, tc, gemm_kernel, gu_cluster,
+                           dn_cluster, route_us});
         for (int r = 0; r < kRoutings; ++r) {
           cudaFree(ids_d[size_t(r)]);
           cudaFree(wts_d[size_t(r)]);
@@ -442,7 +446,8 @@ int main(int argc, char** argv) {
        << ", \"I\": " << r.I << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"touched_experts\": " << r.touched
        << ", \"touched_bytes\": " << r.bytes << ", \"weight_tbps\": " << r.tbps << ", \"roofline_frac\": " << r.tbps / 4.25
        << ", \"tokens_per_s\": " << double(r.T) / r.us * 1e6 << ", \"nonfinite_outputs\": " << r.nonfinite
-       << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\"" << ", \"token_tile\": " << tile
+       << ", \"path\": \"" << (r.tc ? "tensor_core" : "decode") << "\", \"gemm_kernel\": \"" << r.kernel << "\""
+       << ", \"token_tile\": " << tile
        << ", \"passes\": " << (r.T + pass_tokens_of(r.tc, r.format == "bf16") - 1) / pass_tokens_of(r.tc, r.format == "bf16") << ", \"streamed_bytes\": " << r.streamed
        << ", \"streamed_tbps\": " << r.streamed / r.us * 1e-6 << ", \"tflops\": " << r.tflops
        << ", \"tflops_frac\": " << r.tflops / kTensorPeak << ", \"calls_per_graph\": " << r.calls

@@ -832,6 +832,12 @@ TEST(moe_auto_path_rule) {
     CHECK_OK(moe_path(a, &got));
     CHECK_MSG(got == c.want, "T=" << c.T << " E=" << c.E << " top_k=" << c.k << (c.bf16 ? " bf16" : " fp4") << ": path "
                                   << int(got) << ", expected " << int(c.want));
+    const char* kernel = "";
+    CHECK_OK(detail::moe_gemm_kernel(a, &kernel));
+    const bool tc = c.want == MoEPath::kTensorCore;
+    const std::string want = c.bf16 ? (tc ? "bf16 mma.sync" : "bf16 gemv") : (tc ? "wgmma" : "decode");
+    const bool fp4_mma = !c.bf16 && tc && std::string(kernel) == "mma.sync";  // a device without sm_90a code
+    CHECK_MSG(want == kernel || fp4_mma, "T=" << c.T << ": kernel " << kernel << ", expected " << want);
   }
 }
 
