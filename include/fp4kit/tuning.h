@@ -14,7 +14,9 @@
 // config must cover its bucket in one launch (8 * n_tiles >= m_max; for m_max > 64 the 64-token configs,
 // which run larger m in 64-token blocks); a prefill config (wgmma on Hopper, mma.sync on any device; any m
 // in one launch) may serve any bucket. Entries the current device cannot run are skipped. Above a shape's
-// largest m_max the analytic default applies (from 65 tokens a prefill kernel on every device).
+// largest m_max the analytic default applies (from 65 tokens a prefill kernel, except on sm_80-89 where
+// the rules of src/configs.h keep the decode kernel's 64-token blocks: layers of >= 2^28 weights, and
+// one-token-tile whole-K mma.sync plans that fill less than 3/4 of the SMs).
 // The environment variable FP4KIT_TUNING_TABLE names a table to load at the first GEMM; a missing file
 // there means the analytic default.
 #pragma once
