@@ -57,7 +57,6 @@
 #include "moe_internal.h"
 #include "kernels/moe_align.cuh"
 #include "kernels/moe_bf16_gemm.cuh"
-#include "kernels/moe_bf16_mma.cuh"
 #include "kernels/moe_elementwise.cuh"
 #include "gemm_internal.h"
 #include "configs.h"
@@ -261,36 +260,6 @@ Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
   return Status::Ok();
 }
 
-// BF16 experts on the tensor-core path: the grouped BF16 mma.sync GEMM (moe_bf16_mma.cuh) for bn-token
-// tiles: 64 tokens one CTA per SM with a 4-stage ring, 128 tokens two CTAs per SM (3 stages, 128 registers:
-// one CTA's ring fill and epilogue overlap the other's main loop). Both take 96 KB of shared memory, which
-// every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200, docs/moe-notes.md): 128-token tiles
-// two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7 ms; 64-token tiles two per SM 1-3%
-// slower than one. The plan is a GroupedPrefillPlan (kernel, threads, shared memory, tile, row blocks) so
-// that the pass loop treats both kinds alike.
-using Bf16TcFn = void (*)(kernels::prefill::PrefillParams);
-template <int BN, int S, int kBlocks>
-Status plan_bf16_tc_of(int64_t n, detail::GroupedPrefillPlan* out) {
-  namespace bm = kernels::bf16mma;
-  detail::GroupedPrefillPlan p;
-  p.kernel = reinterpret_cast<const void*>(static_cast<Bf16TcFn>(&bm::moe_bf16_mma_kernel<BN, S, kBlocks>));
-  p.mma = true;
-  p.threads = bm::kThreads;
-  p.smem_bytes = bm::Geometry<BN, S>::kSmem;
-  p.bn = BN;
-  p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
-  int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(p.kernel, p.threads, p.smem_bytes, nullptr, &p.sms, &per_sm));
-  if (per_sm < 1)
-    return Status::Unsupported("fused_moe: the BF16 experts' tensor-core kernel (" + std::to_string(p.smem_bytes / 1024) +
-                               " KB of shared memory per block) does not fit this device");
-  *out = p;
-  return Status::Ok();
-}
-Status plan_bf16_tc(int64_t n, int bn, detail::GroupedPrefillPlan* out) {
-  return bn == 128 ? plan_bf16_tc_of<128, 3, 2>(n, out) : plan_bf16_tc_of<64, 4, 1>(n, out);
-}
-
 // Workspace layout for one pass of up to pass_tokens tokens (reused by every pass, stream-ordered).
 struct MoEPlan {
   int pairs = 0, max_active = 0;
@@ -365,31 +334,28 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   // resident while the one before drains (gpt-oss-120b T = 1-16 0-5% faster, DeepSeek-V3 and Qwen3 up
   // to 3%); with BF16 experts it cost 3-4% at T = 16 (docs/moe-notes.md), so there it stays opt-in.
   p.pdl = detail::pdl_enabled_here(!p.bf16);
-  if (p.tc && p.bf16) {
-    // Token tile (unless a.token_tile says): 128 rows where an expert has >= 96 of the pass on average, else
-    // 64 (gpt-oss-120b, 16 rows per expert at T = 512: 1.67 ms against 2.21; 64 rows at T = 2048: even).
-    if (a.token_tile == 256)
-      return Status::Invalid("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles: 0, 64 or 128");
-    const int bn = a.token_tile ? a.token_tile : p.pairs / p.max_active >= 96 ? 128 : 64;
-    FP4KIT_RETURN_IF_ERROR(plan_bf16_tc(a.gate_up.n, bn, &p.tgu));
-    FP4KIT_RETURN_IF_ERROR(plan_bf16_tc(a.down.n, bn, &p.tdn));
-    p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
-    p.sms = p.tgu.sms;
-  } else if (p.tc) {
+  if (p.tc) {
     // Token tile (unless a.token_tile says): 256 rows where an expert has >= 192 of the pass on average,
     // 128 from 96, else 64. An expert's last tile runs narrower wgmmas when it holds few rows
     // (prefill_gemm_sm90.cuh), but still dequantises all its weights; every extra tile dequantises the
     // expert's weights again (from L2). Forced tiles at 128 and 256 rows per expert
     // (moe_tiles_*_a1ca1c2.json): 128-token tiles win at 128, 256-token tiles at 256 and above.
-    // The mma.sync kernel has 64- and 128-token tiles.
+    // The mma.sync kernels (FP4 without wgmma, BF16 experts everywhere) have 64- and 128-token tiles; BF16
+    // experts, gpt-oss-120b: 16 rows per expert at T = 512 1.67 ms on 64-token tiles against 2.21 on 128.
     const int avg = p.pairs / p.max_active;
     if (p.mma && a.token_tile == 256)
-      return Status::Invalid("token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path here "
-                             "runs the mma.sync kernel: 0, 64 or 128");
+      return Status::Invalid(p.bf16 ? "token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles: 0, 64 or 128"
+                                    : "token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path "
+                                      "here runs the mma.sync kernel: 0, 64 or 128");
     const int bn = a.token_tile ? a.token_tile : avg >= 192 && !p.mma ? 256 : avg >= 96 ? 128 : 64;
-    const KernelConfig& cfg = kKernelConfigs[p.mma ? mma_index(bn / 8) : prefill_index(bn / 8)];
-    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
-    FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
+    if (p.bf16) {
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, &p.tgu));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, &p.tdn));
+    } else {
+      const KernelConfig& cfg = kKernelConfigs[p.mma ? mma_index(bn / 8) : prefill_index(bn / 8)];
+      FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
+    }
     // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
     p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
     p.sms = p.tgu.sms;
@@ -729,28 +695,6 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
-  // BF16 experts on the tensor-core path: the grouped BF16 mma.sync GEMM over the pass's sorted rows.
-  auto launch_bf16_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
-                            void* y) {
-    const int64_t grid = int64_t(tp.row_blocks) * plan.tc_max_tiles;
-    if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped BF16 grid holds at most 2^31 - 1 CTAs");
-    kernels::prefill::PrefillParams p{};
-    p.x = x;
-    p.y = y;
-    p.m = rows;
-    p.n = int(w.n);
-    p.k = int(w.k);
-    p.row_blocks = tp.row_blocks;
-    p.token_tiles = plan.tc_max_tiles;
-    p.splits = 1;
-    p.group = kernels::prefill::PrefillGroup{b.offset, b.tile_offset, E,
-                                             kernels::ExpertStack{static_cast<const uint8_t*>(w.data), w.stride, 0, 0, 0, w.bias}};
-    reinterpret_cast<Bf16TcFn>(const_cast<void*>(tp.kernel))<<<unsigned(grid), tp.threads, tp.smem_bytes, stream>>>(p);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped BF16 launch: ") + cudaGetErrorString(e));
-    return Status::Ok();
-  };
-
   for (int64_t t0 = 0; t0 < a.tokens; t0 += plan.pass_tokens()) {
     const int tokens = int(std::min<int64_t>(plan.pass_tokens(), a.tokens - t0));
     const int pairs = tokens * a.top_k;
@@ -765,15 +709,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       // dead until then).
       detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
                                 plan.sms, stream, plan.pdl, /*natural=*/plan.mma);
-      if (plan.bf16) {
-        FP4KIT_RETURN_IF_ERROR(launch_bf16_tc(plan.tgu, a.gate_up, o, pairs, h));
-        launch_activation(pairs);
-        FP4KIT_RETURN_IF_ERROR(launch_bf16_tc(plan.tdn, a.down, act, pairs, o));
-      } else {
-        FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
-        launch_activation(pairs);
-        FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
-      }
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
+      launch_activation(pairs);
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
       launch_combine(t0, tokens, y);
       continue;
     }

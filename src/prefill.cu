@@ -13,6 +13,7 @@
 
 #include "fp4kit/repack.h"
 #include "kernels/lane_order.cuh"
+#include "kernels/moe_bf16_mma.cuh"
 #include "kernels/prefill_gemm_sm80.cuh"
 #include "kernels/prefill_gemm_sm90.cuh"
 #include "launch.h"
@@ -360,6 +361,33 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
   return Status::Ok();
 }
 
+// 64-token tiles one CTA per SM with a 4-stage ring, 128-token tiles two CTAs per SM (3 stages, 128
+// registers: one CTA's ring fill and epilogue overlap the other's main loop). Both take 96 KB of shared
+// memory, which every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200, docs/moe-notes.md):
+// 128-token tiles two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7 ms; 64-token tiles
+// two per SM 1-3% slower than one.
+Status plan_grouped_bf16(int64_t n, int64_t k, int bn, GroupedPrefillPlan* out) {
+  namespace bm = kernels::bf16mma;
+  GroupedPrefillPlan p;
+  const bool wide = bn == 128;
+  p.kernel = wide ? reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<128, 3, 2>)
+                  : reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<64, 4, 1>);
+  p.mma = true;
+  p.threads = bm::kThreads;
+  p.smem_bytes = wide ? bm::Geometry<128, 3>::kSmem : bm::Geometry<64, 4>::kSmem;
+  p.bn = wide ? 128 : 64;
+  p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
+  p.layout.n = n;
+  p.layout.k = k;
+  int per_sm = 0;
+  FP4KIT_RETURN_IF_ERROR(resident_per_sm(p.kernel, p.threads, p.smem_bytes, nullptr, &p.sms, &per_sm));
+  if (per_sm < 1)
+    return Status::Unsupported("fused_moe: the BF16 experts' tensor-core kernel (" + std::to_string(p.smem_bytes / 1024) +
+                               " KB of shared memory per block) does not fit this device");
+  *out = p;
+  return Status::Ok();
+}
+
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
   const PackedLayout& l = plan.layout;
   const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
@@ -368,7 +396,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   p.y = a.y;
   p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   if (plan.mma) {
-    p.x = a.x;  // natural order, rows k long
+    p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
   } else {
     CUtensorMap map;

@@ -29,7 +29,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
 struct GroupedPrefillPlan {
   const void* kernel = nullptr;
-  bool mma = false;  // the mma.sync kernel (X in natural order, rows k long), else wgmma (lane order, k_pad)
+  bool mma = false;  // an mma.sync kernel (X in natural order, rows k long), else wgmma (lane order, k_pad)
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
   int sms = 0;          // of the device
@@ -40,6 +40,11 @@ struct GroupedPrefillPlan {
 // build has no sm_90a code for a wgmma entry.
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
                             GroupedPrefillPlan* out);
+
+// For BF16 experts [n, k] (plain row-major bfloat16, kernels/moe_bf16_mma.cuh, every sm_80+ device) with
+// bn-token tiles (64 or 128): a plan launch_prefill_grouped runs like an mma.sync one (X in natural order,
+// rows k long); its layout holds only n and k (no prepack: every offset 0).
+Status plan_grouped_bf16(int64_t n, int64_t k, int bn, GroupedPrefillPlan* out);
 
 struct GroupedPrefillArgs {
   const void* x = nullptr;  // [rows, k_pad] of act in lane order (layout::natural_pair; the mma.sync kernel:

@@ -191,7 +191,7 @@ int dispatch_config(Format f, DType act, int64_t m, int64_t n, int64_t k, const 
           continue;
         if (e.m_max >= m && (!best || e.m_max < best->m_max)) best = &e;
       }
-      // Past the largest bucket: the analytic default (from 65 tokens a prefill kernel on every device).
+      // Past the largest bucket: the analytic default (pick_config).
       if (best) {
         if (why)
           *why = std::string("tuning table (") + g_table.device + "): " + find_config(best->config)->name +

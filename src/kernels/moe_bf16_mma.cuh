@@ -13,7 +13,7 @@
 //   and k % 8 == 0 (the validator's rule for BF16 experts: H and I are multiples of 8) and 16-byte aligned
 //   rows. Rows >= n and rows past the expert's are never written.
 //   Launch: grid row_blocks x max token tiles, kThreads threads, Geometry<BN, S>::kSmem bytes of dynamic
-//   shared memory (moe.cu, plan_bf16_tc).
+//   shared memory (prefill.cu, plan_grouped_bf16; launch_prefill_grouped launches it).
 //
 // Why it is shaped this way
 //   - The textbook sm_80 tensor-core GEMM, because nothing needs dequantising: both operands stream through
