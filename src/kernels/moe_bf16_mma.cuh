@@ -43,6 +43,7 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kRows = 128;      // weight rows per CTA (the FP4 prefill kernels' row block)
 constexpr int kStageK = 64;     // K per stage: 128-byte rows of 8 units
 constexpr int kRowBytes = 2 * kStageK;
+constexpr int kWBytes = kRows * kRowBytes;  // a stage's weights (16 KB); X follows them
 constexpr int kRowWarps = 2, kTokWarps = kWarps / kRowWarps;
 constexpr int kWarpRowTiles = kRows / kRowWarps / 16;  // 4 tiles of 16 rows per warp
 static_assert(kRows == prefill::kRowTilesPerCta * 16, "one row block for every prefill kernel");
@@ -50,9 +51,8 @@ static_assert(kRows == prefill::kRowTilesPerCta * 16, "one row block for every p
 template <int BN, int S> struct Geometry {
   static_assert(BN == 64 || BN == 128, "token tile");
   static_assert(S >= 2, "ring");
-  static constexpr int kW = kRows * kRowBytes;  // 16 KB
   static constexpr int kX = BN * kRowBytes;
-  static constexpr int kStage = kW + kX;
+  static constexpr int kStage = kWBytes + kX;
   static constexpr int kSmem = S * kStage;
   static constexpr int kWarpToks = BN / kTokWarps;    // 16 or 32
   static constexpr int kWarpTiles = kWarpToks / 8;    // 8-token column tiles per warp
@@ -89,7 +89,7 @@ __device__ __forceinline__ void load_stage(uint32_t slot, const PrefillParams& p
   for (int j = 0; j < BN / 32; ++j) {
     const int r = r0 + 32 * j;
     const bool ok = k_ok && op.tok_begin + r < op.tok_end;
-    cp_async16_u32(slot + Geometry<BN, 2>::kW + unit_at(r, u), ok ? x + int64_t(op.tok_begin + r) * p.k + k : x, ok);
+    cp_async16_u32(slot + kWBytes + unit_at(r, u), ok ? x + int64_t(op.tok_begin + r) * p.k + k : x, ok);
   }
 }
 
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) moe_bf16_mma_kernel(const P
     __syncthreads();  // stage s is visible to all; every thread is done with the slot of stage s - 1
     if (s + S - 1 < n_stages) load_stage<BN>(ring + ((s + S - 1) % S) * G::kStage, p, op, row0, s + S - 1, tid);
     cp_async_commit();
-    const uint32_t wst = ring + (s % S) * G::kStage, xst = wst + G::kW;
+    const uint32_t wst = ring + (s % S) * G::kStage, xst = wst + kWBytes;
 #pragma unroll
     for (int ks = 0; ks < kStageK / 16; ++ks) {
       uint32_t a[MT][4], b[NT][2];
