@@ -26,7 +26,7 @@ namespace {
 
 namespace pk = kernels::prefill;
 namespace mk = kernels::mma80;
-using PrefillFn = void (*)(const CUtensorMap, const pk::PrefillParams);
+using PrefillFn = void (*)(const CUtensorMap, const pk::NarrowX, const pk::PrefillParams);
 using MmaFn = void (*)(const pk::PrefillParams);
 
 // The kernel of a token tile (wgmma: a PrefillFn; mma.sync: an MmaFn): its dynamic shared memory, ring
@@ -258,7 +258,7 @@ static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_
   return p;
 }
 
-// X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, BN tokens} with the
+// X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, `bn` tokens} with the
 // 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past k, past rows) read as zero.
 Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map) {
   EncodeTiledFn encode = nullptr;
@@ -325,7 +325,8 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits, int(tiles - split_tiles));
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
     dense_operands(a, plan, p);
-    fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, p);
+    fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, pk::NarrowX{},
+                                                                                                      p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
@@ -399,10 +400,14 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
   } else {
+    // Lane order, rows k_pad long; boxes of a whole, a half and a quarter tile (narrow tiles load only theirs).
     CUtensorMap map;
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));  // lane order: k_pad long
+    pk::NarrowX narrow;
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 2, &narrow.half));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 4, &narrow.quarter));
     reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes,
-                                                                  stream>>>(map, p);
+                                                                  stream>>>(map, narrow, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped prefill launch: ") + cudaGetErrorString(e));

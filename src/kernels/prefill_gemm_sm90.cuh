@@ -23,7 +23,8 @@
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
 //   next expert's X rows: those columns are computed and never written. A tile of at most BN / 4 (BN / 2)
-//   valid tokens runs m64n(BN/4) (m64n(BN/2)) wgmmas on its accumulators' prefix (the main loop).
+//   valid tokens runs m64n(BN/4) (m64n(BN/2)) wgmmas on its accumulators' prefix (the main loop) and loads
+//   only that many tokens of X (NarrowX: the same tensor with narrower boxes).
 //   X is read in lane order: rows k_pad long, 2-element pairs permuted inside each 64-K chunk (NVFP4) or
 //   128-K block (MXFP4) as layout::natural_pair says, pairs past K zero. The dense GEMM permutes X into
 //   the workspace first (kernels/lane_order.cuh); the MoE's gather and activation kernels write it so.
@@ -425,9 +426,20 @@ __device__ __forceinline__ void store_staged_tile(const uint8_t* tile, T* y, int
   }
 }
 
+// Grouped mode: the tensor maps of X for tiles of at most BN / 2 and BN / 4 valid tokens (boxes {64, BN / 2}
+// and {64, BN / 4}); the launch's tmap_x has boxes of BN. Dense launches leave them unset.
+struct NarrowX {
+  CUtensorMap half, quarter;
+};
+// The width of a grouped tile's wgmmas and X box for its `valid` >= 1 tokens (the main loop's copies).
+template <int BN> __device__ __forceinline__ int tile_width(int valid) {
+  return valid <= BN / 4 ? BN / 4 : valid <= BN / 2 ? BN / 2 : BN;
+}
+
 template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
 __global__ void __launch_bounds__(kThreads, kBlocks)
-    prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const PrefillParams p) {
+    prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
+                        const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using G = Geometry<BN, kBlocks>;
   constexpr int S = G::kStages;
@@ -462,11 +474,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
     setmaxnreg_dec<Regs<kBlocks>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
-    if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_x)) : "memory");
     const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
     const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
     const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
     const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
+    // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
+    // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
+    // and a BN-token box moved 4x the X bytes it multiplies).
+    const int width = kGrouped ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;
+    const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
+    const uint32_t x_bytes = uint32_t(2 * width * 128);
+    if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
     for (int s = s_begin; s < s_end; ++s) {
       const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
       mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
@@ -475,9 +493,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       if (lane == 0) {
         // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
         // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
-        mbar_arrive_expect_tx(bar, uint32_t(G::kX + tiles * nch * kRecordBytes));
-        tma_load_x(st, &tmap_x, s * kStageK, tok0, bar);
-        tma_load_x(st + G::kXHalf, &tmap_x, s * kStageK + 64, tok0, bar);
+        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(tiles * nch * kRecordBytes));
+        tma_load_x(st, map, s * kStageK, tok0, bar);
+        tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
       }
       __syncwarp();
       if (copies)
@@ -559,9 +577,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     fence_acc(acc);
   };
   if constexpr (kGrouped) {
-    const int valid = op.tok_end - op.tok_begin;  // >= 1: tiles exist only for rows
-    if (valid <= BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
-    else if (valid <= BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
+    const int width = tile_width<BN>(op.tok_end - op.tok_begin);  // uniform per CTA
+    if (width == BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
+    else if (width == BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
     else main_loop(std::integral_constant<int, BN>{});
   } else {
     main_loop(std::integral_constant<int, BN>{});
