@@ -312,11 +312,18 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     const int avg_rows = pairs / std::min(a.num_experts, pairs);
     *tc = a.tokens > kMoEBF16PassTokens || a.tokens == 1 || avg_rows >= 8;
   } else {
-    // kAuto: the decode path while one pass holds the tokens and its token tiles for them are narrower than
-    // 64 (fp4kit/moe.h): the widest tiles are where the decode kernel loses to the tensor cores.
+    // kAuto: the decode path while one pass holds the tokens and its token tiles for them stay narrow
+    // (fp4kit/moe.h). The wgmma kernel from 32-token decode tiles (experts averaging ~9 or more rows):
+    // both paths on five models at T = 16-256 (bench/results/moe_crossover_40be328/, docs/moe-notes.md),
+    // where the decode kernel needs 32- or 64-token tiles it takes 1.12-1.8x the wgmma path's time, with
+    // 16-token tiles (4-8 rows per expert) wgmma takes 0.94-1.12x decode's, with fewer rows 1.2-1.4x. The
+    // mma.sync kernel (devices without sm_90a code; not measured at these points) from the widest tiles and
+    // kMoETensorCoreMinTokens, as before that run.
     const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
-    const bool wide = a.tokens > kMoEDecodePassTokens || fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs)) == 8;
-    *tc = fp4 && a.tokens >= kMoETensorCoreMinTokens && wide;
+    const int n_tiles = fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs));
+    const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();
+    const bool wide = wgmma ? n_tiles >= 4 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
+    *tc = fp4 && (a.tokens > kMoEDecodePassTokens || wide);
   }
   *mma = *tc && (!fp4 || moe_mma_forced() || !detail::prefill_runs_here());  // BF16 experts: mma.sync only
   return Status::Ok();

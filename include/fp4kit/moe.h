@@ -97,10 +97,12 @@ struct ExpertWeights {
 };
 
 enum class MoEPath : int {
-  kAuto = 0,        // tensor core where T >= kMoETensorCoreMinTokens, and either T > kMoEDecodePassTokens
-                    // or the decode path would need its widest (64-row) token tiles: experts averaging
-                    // about 22 or more rows of the pass; else decode. BF16 experts: tensor core where
-                    // T > kMoEBF16PassTokens, T = 1, or experts average >= 8 rows of the pass
+  kAuto = 0,        // FP4 experts: tensor core where T > kMoEDecodePassTokens, or where the decode path
+                    // would need 32- or 64-token tiles (experts averaging about 9 or more rows of the
+                    // pass) and the wgmma kernel runs (sm_90a); where the tensor-core path is mma.sync,
+                    // only from the widest (64-token) tiles and T >= kMoETensorCoreMinTokens; else
+                    // decode. BF16 experts: tensor core where T > kMoEBF16PassTokens, T = 1, or experts
+                    // average >= 8 rows of the pass
   kDecode = 1,      // the grouped decode GEMM, or BF16 experts' GEMV (any device)
   kTensorCore = 2,  // the grouped tensor-core GEMM: FP4 experts wgmma on sm_90a, mma.sync on other sm_80+
                     // devices (64- and 128-token tiles there); BF16 experts mma.sync on every device (64-

@@ -805,24 +805,43 @@ TEST(moe_tensor_core_narrow_tiles) {
   });
 }
 
-// kAuto's rule (fp4kit/moe.h), as moe_path reports it: the decode path while one pass holds the tokens and
-// its token tiles for the mean rows per expert stay narrower than 64; BF16 experts take the tensor cores
-// past one pass of their GEMV (kMoEBF16PassTokens), where experts average >= 8 rows, and at T = 1.
+// kAuto's rule (fp4kit/moe.h), as moe_path reports it: FP4 experts take the decode path while one pass holds
+// the tokens and its token tiles for the mean rows per expert stay at 16 tokens (wgmma here) or below 64
+// (the mma.sync kernel: devices without sm_90a code, or forced); BF16 experts take the tensor cores past one
+// pass of their GEMV (kMoEBF16PassTokens), where experts average >= 8 rows, and at T = 1.
 TEST(moe_auto_path_rule) {
   if (!tensor_core_path_here("moe_auto_path_rule")) return;
-  struct P { int64_t T; int E, k; bool bf16; MoEPath want; };
+  bool wgmma = false;  // which kernel the tensor-core path runs here (FP4KIT_MOE_MMA=1 forces mma.sync)
+  {
+    MoEArgs a = small_shapes();
+    a.path = MoEPath::kTensorCore;
+    const char* kernel = "";
+    CHECK_OK(detail::moe_gemm_kernel(a, &kernel));
+    wgmma = std::string(kernel) == "wgmma";
+  }
+  constexpr MoEPath D = MoEPath::kDecode, C = MoEPath::kTensorCore;
+  struct P { int64_t T; int E, k; bool bf16; MoEPath want, want_mma; };  // want_mma: mma.sync devices
   const std::vector<P> cases = {
-      {1, 128, 4, false, MoEPath::kDecode},      {63, 4, 2, false, MoEPath::kDecode},  // below kMoETensorCoreMinTokens
-      {256, 128, 4, false, MoEPath::kDecode},    // gpt-oss: one pass, 8 rows per expert
-      {257, 128, 4, false, MoEPath::kTensorCore},  // two passes
-      {64, 8, 2, false, MoEPath::kDecode},       // 16 rows per expert
-      {128, 8, 2, false, MoEPath::kTensorCore},  // 32 rows per expert
-      {1, 128, 4, true, MoEPath::kTensorCore},  {2, 128, 4, true, MoEPath::kDecode},
-      {64, 128, 4, true, MoEPath::kDecode},     // 2 rows per expert
-      {16, 8, 2, true, MoEPath::kDecode},       // 4
-      {32, 8, 2, true, MoEPath::kTensorCore},   // 8
-      {65, 128, 4, true, MoEPath::kTensorCore}, {4096, 8, 2, true, MoEPath::kTensorCore}};
-  for (const P& c : cases) {
+      {1, 128, 4, false, D, D},
+      {63, 4, 2, false, C, D},     // 31.5 rows per expert; mma.sync: below kMoETensorCoreMinTokens
+      {256, 128, 4, false, D, D},  // gpt-oss-120b: one pass, 8 rows per expert
+      {257, 128, 4, false, C, C},  // two passes
+      {32, 8, 2, false, D, D},     // Mixtral: 8 rows per expert
+      {48, 8, 2, false, C, D},     // 12 rows
+      {64, 8, 2, false, C, D},     // 16 rows
+      {128, 8, 2, false, C, C},    // 32 rows
+      {128, 128, 8, false, D, D},  // Qwen3-30B-A3B: 8 rows
+      {192, 128, 8, false, C, D},  // 12 rows
+      {64, 32, 4, false, D, D},    // gpt-oss-20b: 8 rows
+      {96, 32, 4, false, C, D},    // 12 rows
+      {1, 128, 4, true, C, C},  {2, 128, 4, true, D, D},
+      {64, 128, 4, true, D, D},   // 2 rows per expert
+      {16, 8, 2, true, D, D},     // 4
+      {32, 8, 2, true, C, C},     // 8
+      {65, 128, 4, true, C, C}, {4096, 8, 2, true, C, C}};
+  for (const P& p : cases) {
+    P c = p;
+    if (!wgmma) c.want = c.want_mma;
     MoEArgs a = small_shapes();
     a.tokens = c.T;
     a.num_experts = c.E;
