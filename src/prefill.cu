@@ -26,7 +26,7 @@ namespace {
 
 namespace pk = kernels::prefill;
 namespace mk = kernels::mma80;
-using PrefillFn = void (*)(const CUtensorMap, const pk::NarrowX, const pk::PrefillParams);
+using PrefillFn = void (*)(const CUtensorMap, const pk::NarrowX, const CUtensorMap, const pk::PrefillParams);
 using MmaFn = void (*)(const pk::PrefillParams);
 
 // The kernel of a token tile (wgmma: a PrefillFn; mma.sync: an MmaFn): its dynamic shared memory, ring
@@ -275,6 +275,26 @@ Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, C
   return Status::Ok();
 }
 
+// The prepacked weight records as a TMA tensor of bytes {256, 2 k_chunks, row_tiles, experts}: 256-byte
+// pieces (two per 64-K chunk), row tiles k_chunks * 512 bytes apart, experts `stride` bytes apart; boxes of
+// {256, 4, 8, 1}, one stage's records of a CTA's 8 row tiles, landing as [row tile][1 KB] as the kernel
+// reads them. Pieces past the chunks and row tiles past the matrix read as zero.
+static Status w_tensor_map(const void* weights, const PackedLayout& l, int experts, size_t stride, CUtensorMap* map) {
+  EncodeTiledFn encode = nullptr;
+  FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
+  const cuuint64_t row_tile_bytes = cuuint64_t(l.k_chunks) * 512;
+  const cuuint64_t dims[4] = {256, cuuint64_t(2 * l.k_chunks), cuuint64_t(l.row_tiles), cuuint64_t(experts)};
+  const cuuint64_t strides[3] = {256, row_tile_bytes, experts > 1 ? cuuint64_t(stride) : row_tile_bytes * l.row_tiles};
+  const cuuint32_t box[4] = {256, 2 * pk::kStageChunks, pk::kRowTilesPerCta, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(weights), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status(Code::kCudaError, "prefill: cuTensorMapEncodeTiled (weights) failed (" + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
 // The weight, bias and split-K workspace fields of a dense launch (either kernel).
 static void dense_operands(const GemmArgs& a, const DecodePlan& plan, pk::PrefillParams& p) {
   const PackedLayout& l = plan.layout;
@@ -310,6 +330,8 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
   const PrefillFn fn = reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel));
   const size_t eb = size_t(dtype_bytes(a.act));
+  CUtensorMap wmap;
+  FP4KIT_RETURN_IF_ERROR(w_tensor_map(static_cast<const uint8_t*>(a.w.data) + l.weights_offset, l, 1, 0, &wmap));
   for (int64_t t0 = 0; t0 < a.m; t0 += plan.pass_m) {
     const int64_t m = std::min(plan.pass_m, a.m - t0);
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
@@ -326,7 +348,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
     dense_operands(a, plan, p);
     fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, pk::NarrowX{},
-                                                                                                      p);
+                                                                                                      wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
@@ -406,8 +428,11 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 2, &narrow.half));
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 4, &narrow.quarter));
+    CUtensorMap wmap;
+    FP4KIT_RETURN_IF_ERROR(w_tensor_map(static_cast<const uint8_t*>(a.base) + l.weights_offset, l, a.experts, a.stride,
+                                        &wmap));
     reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes,
-                                                                  stream>>>(map, narrow, p);
+                                                                  stream>>>(map, narrow, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped prefill launch: ") + cudaGetErrorString(e));

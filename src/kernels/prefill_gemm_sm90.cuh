@@ -157,6 +157,7 @@ template <typename T> struct CtaOperands {
   const float* out_scale;
   const T* bias;
   int tok_begin, tok_end;
+  int expert;  // grouped mode: the expert (the weights tensor map's outer coordinate); dense: 0
 };
 
 // CTAs are launched in groups of kRasterTokenTiles token tiles: consecutive CTAs walk the group's token
@@ -216,10 +217,15 @@ __device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map,
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(tok), "r"(bar)
       : "memory");
 }
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
+// TMA: the weight records of one stage, box {256 B, 4 pieces (2 chunks), 8 row tiles, 1 expert} from piece
+// `piece` of row tile `rt` of expert `e` (w_tensor_map in prefill.cu), into `dst` as [row tile][1 KB].
+__device__ __forceinline__ void tma_load_w(uint32_t dst, const CUtensorMap* map, int piece, int rt, int e,
+                                           uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(piece), "r"(rt), "r"(e), "r"(bar)
+      : "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -389,6 +395,7 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   o.bias = static_cast<const T*>(p.bias);
   o.tok_begin = token_tile * BN;
   o.tok_end = p.m;
+  o.expert = 0;
   if constexpr (kGrouped) {
     const PrefillGroup& g = p.group;
     if (token_tile >= g.tile_offset[g.n_experts]) return false;
@@ -406,6 +413,7 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
     o.bias = g.experts.bias_of<T>(lo, p.n);
     o.tok_begin = g.offset[lo] + (token_tile - g.tile_offset[lo]) * BN;
     o.tok_end = g.offset[lo + 1];
+    o.expert = lo;
   }
   return true;
 }
@@ -439,7 +447,7 @@ template <int BN> __device__ __forceinline__ int tile_width(int valid) {
 template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
-                        const PrefillParams p) {
+                        const __grid_constant__ CUtensorMap tmap_w, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using G = Geometry<BN, kBlocks>;
   constexpr int S = G::kStages;
@@ -475,32 +483,29 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     setmaxnreg_dec<Regs<kBlocks>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
     const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
-    const int tiles = min(kRowTilesPerCta, p.row_tiles - rt0);  // the last row block may be partial
-    const bool copies = lane < tiles;                           // lane L copies row tile rt0 + L
-    const uint8_t* src = op.weights + int64_t(rt0 + lane) * p.k_chunks * kRecordBytes;
     // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
     // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
     // and a BN-token box moved 4x the X bytes it multiplies).
     const int width = kGrouped ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;
     const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
     const uint32_t x_bytes = uint32_t(2 * width * 128);
-    if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+    if (lane == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_w)) : "memory");
+    }
+    if (lane != 0) return;  // one thread issues every copy
     for (int s = s_begin; s < s_end; ++s) {
       const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
       mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-      const int nch = min(kStageChunks, p.k_chunks - kStageChunks * s);
       const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
-      if (lane == 0) {
-        // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
-        // fragments, which must not meet stale NaN bits); records only for the chunks that exist.
-        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(tiles * nch * kRecordBytes));
-        tma_load_x(st, map, s * kStageK, tok0, bar);
-        tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
-      }
-      __syncwarp();
-      if (copies)
-        bulk_load(st + G::kX + lane * kStageChunks * kRecordBytes, src + int64_t(s) * kStageChunks * kRecordBytes,
-                  uint32_t(nch * kRecordBytes), bar);
+      // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
+      // fragments, which must not meet stale NaN bits). The records of all 8 row tiles in one copy (a
+      // chunk past K and row tiles past the matrix read as zeros): per-row-tile bulk copies, eight more
+      // copies per stage, kept the copy engine busier than the bytes do (docs/prefill-notes.md).
+      mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+      tma_load_x(st, map, s * kStageK, tok0, bar);
+      tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
+      tma_load_w(st + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
     }
     return;
   }
