@@ -12,7 +12,8 @@
 //   order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is bitwise the same
 //   whatever the arrival order (deterministic).
 //   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
-//   (1-D, see cta_tile), kThreads threads,
+//   (1-D, see cta_tile), kThreads threads, the weight records as the tensor map tmap_w (prefill.cu,
+//   w_tensor_map; experts as its outer dimension in grouped mode),
 //   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at
 //   BN = 64), X in lane order (below) described by a 2-D tensor map {k_pad, m} of T, box {64, BN},
 //   128-byte swizzle, zero out-of-bounds fill (launch_prefill in prefill.cu builds it). Rows >= n and
@@ -50,9 +51,10 @@
 //     broadcast load, a shuffle for the scale, and selects of words and pairs per step): ~2.3x the
 //     instructions per weight, measured 3-9% slower at m >= 1024 including the permutation pass, which
 //     costs 2 m k_pad bytes of traffic (docs/prefill-notes.md).
-//   - Weight records are staged in shared memory (not loaded per lane from global as in decode): one
-//     cp.async.bulk per row tile and stage (1 KB, contiguous in the prepacked layout) is the cheapest way
-//     to move them and keeps them off the consumers' issue slots. Scale records (one per row tile and 512 K)
+//   - Weight records are staged in shared memory (not loaded per lane from global as in decode): one TMA
+//     copy per stage brings the CTA's 8 row tiles' 1 KB each (a 4-D tensor map over the prepacked records,
+//     tmap_w), which keeps them off the consumers' issue slots; eight per-row-tile bulk copies measured up
+//     to 7% slower on the MoE's short tiles (the copy count, not the bytes). Scale records (one per row tile and 512 K)
 //     are loaded by the consumers from global one K slice ahead, as in decode: too small to stage.
 //   - Warp specialisation: one producer warp (in a third warpgroup, so setmaxnreg can give its registers to
 //     the consumers: 2 x 232 + 40 = 3 x 168) fills an S-stage ring (stage = 128 K: X 2 x BN x 128 B, two
