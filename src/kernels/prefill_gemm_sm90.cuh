@@ -481,7 +481,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   __syncthreads();
 
   if (warp >= 4 * kConsumerWarpgroups) {
-    // ---- producer warpgroup: one warp fills the ring, the other three only give their registers back.
+    // ---- producer warpgroup: one thread of one warp fills the ring, the other warps only give their
+    // registers back.
     setmaxnreg_dec<Regs<kBlocks>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
     const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
