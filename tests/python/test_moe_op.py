@@ -453,7 +453,7 @@ def test_cuda_shapes_tokens_and_top_k(fmt, e, h, i):
     layer = Layer(fmt, e, h, i, seed=e + h, device="cuda", bias=True)
     # 100, 200, 300: BF16 experts on the tensor-core path (past one 64-token pass); FP4 experts take the
     # tensor-core path on Hopper where the decode path would need 32- or 64-token tiles (about 9+ mean rows
-    # per expert: e = 8 from T = 37 at top-2, e = 16 from T = 64 at top-2 or 37 at top-4, ...), else one
+    # per expert: e = 8 from T = 37 at top-2, e = 16 from T = 73 at top-2 or 37 at top-4, ...), else one
     # decode pass; 300: past kMoEDecodePassTokens = 256, the tensor-core path on Hopper (fp4kit/moe.h)
     for t in (1, 5, 37, 64, 100, 200, 300):
         for k in (1, 2, 4, 8):
