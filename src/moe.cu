@@ -94,29 +94,25 @@ constexpr int grouped_index(int n_tiles) { return first_ring_index(n_tiles); }
 // its K split over a thread-block cluster, reduced in distributed shared memory (decode_gemm.cuh).
 constexpr int grouped_cluster_index() { return cluster_twin(grouped_index(1)); }
 static_assert(grouped_cluster_index() >= 0, "the config table has no cluster twin of the one-token-tile entry");
-// The tensor-core path's entry for a token tile: the table's unsplit prefill entry of that tile with the
-// most CTAs per SM (the first of equals). 64-token tiles thus run two CTAs per SM (p64_w8_s4_b2: 14% faster
-// at T = 512-2048, docs/moe-notes.md), the wider tiles one.
-constexpr int prefill_index(int n_tiles) {
+// The tensor-core path's entry for a token tile: the table's unsplit entry of that tile for the kernel
+// (kWgmma, or kMma on devices without wgmma) with the most CTAs per SM (the first of equals). 64-token
+// wgmma tiles thus run two CTAs per SM (p64_w8_s4_b2: 14% faster at T = 512-2048, docs/moe-notes.md), the
+// wider tiles one; the mma.sync entries all run one.
+constexpr int unsplit_index(Pipeline pipeline, int n_tiles) {
   int best = -1;
   for (int i = 0; i < kNumKernelConfigs; ++i) {
     const KernelConfig& c = kKernelConfigs[i];
-    if (c.n_tiles == n_tiles && c.pipeline == kWgmma && c.max_splits <= 1 &&
+    if (c.n_tiles == n_tiles && c.pipeline == pipeline && c.max_splits <= 1 &&
         (best < 0 || c.min_blocks > kKernelConfigs[best].min_blocks))
       best = i;
   }
   return best;
 }
+constexpr int prefill_index(int n_tiles) { return unsplit_index(kWgmma, n_tiles); }
+constexpr int mma_index(int n_tiles) { return unsplit_index(kMma, n_tiles); }
 static_assert(prefill_index(8) >= 0 && prefill_index(16) >= 0 && prefill_index(32) >= 0,
               "the config table has no unsplit p64 / p128 / p256 entry");
 static_assert(kKernelConfigs[prefill_index(8)].min_blocks == 2, "64-token tiles: the two-CTA entry");
-// The same for the mma.sync kernel (devices without wgmma): its unsplit entry of that token tile.
-constexpr int mma_index(int n_tiles) {
-  for (int i = 0; i < kNumKernelConfigs; ++i)
-    if (kKernelConfigs[i].n_tiles == n_tiles && kKernelConfigs[i].pipeline == kMma && kKernelConfigs[i].max_splits <= 1)
-      return i;
-  return -1;
-}
 static_assert(mma_index(8) >= 0 && mma_index(16) >= 0, "the config table has no unsplit a64 / a128 entry");
 
 template <Format F, typename T, int NT>
@@ -299,6 +295,7 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
   *tc = false;
   *mma = false;
   const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
+  const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();  // FP4 experts' tensor-core kernel here
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
     *tc = true;
@@ -321,11 +318,10 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     // kMoETensorCoreMinTokens, as before that run.
     const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
     const int n_tiles = fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs));
-    const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();
     const bool wide = wgmma ? n_tiles >= 4 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
     *tc = fp4 && (a.tokens > kMoEDecodePassTokens || wide);
   }
-  *mma = *tc && (!fp4 || moe_mma_forced() || !detail::prefill_runs_here());  // BF16 experts: mma.sync only
+  *mma = *tc && (!fp4 || !wgmma);  // BF16 experts: mma.sync only
   return Status::Ok();
 }
 
