@@ -553,6 +553,10 @@ namespace detail {
 void set_moe_clusters(int on) { g_clusters = on; }
 void set_moe_mma(int on) { g_mma = on; }
 
+int moe_align_grid(int tokens, int top_k) {
+  return int64_t(tokens) * top_k >= kernels::kAlignSplitMinPairs ? kernels::align_ctas(tokens) : 0;
+}
+
 Status moe_gemm_kernel(const MoEArgs& a, const char** kernel) {
   if (!kernel) return Status::Invalid("kernel: must not be null");
   MoEPlan plan;
@@ -703,10 +707,18 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int pairs = tokens * a.top_k;
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
-    detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl,
-                          topk_ids + t0 * a.top_k, pairs, a.top_k, E, plan.tc ? plan.tgu.bn : 0, plan.block_rows,
-                          b, counters,
-                          int(plan.counters_bytes / sizeof(int)));
+    const int32_t* ids = topk_ids + t0 * a.top_k;
+    const int tile_bn = plan.tc ? plan.tgu.bn : 0, n_counters = int(plan.counters_bytes / sizeof(int));
+    if (const int ctas = detail::moe_align_grid(tokens, a.top_k)) {  // many pairs: the schedule from a grid
+      const dim3 grid{unsigned(ctas)};
+      detail::launch_kernel(&kernels::moe_align_count_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int),
+                            stream, plan.pdl, ids, pairs, a.top_k, E, b, counters, n_counters);
+      detail::launch_kernel(&kernels::moe_align_assign_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int),
+                            stream, plan.pdl, ids, pairs, a.top_k, E, tile_bn, plan.block_rows, b);
+    } else {
+      detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl, ids,
+                            pairs, a.top_k, E, tile_bn, plan.block_rows, b, counters, n_counters);
+    }
     if (plan.tc) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
       // dead until then).

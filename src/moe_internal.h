@@ -26,5 +26,9 @@ void set_moe_clusters(int on);
 // (FP4KIT_MOE_MMA=1 forces mma.sync; default off). Not thread-safe: set it before the calls it affects.
 void set_moe_mma(int on);
 
+// The CTAs of the schedule's grid form for a pass of `tokens` tokens at top_k (kernels/moe_align.cuh:
+// passes of many pairs), or 0 where the pass builds it in one CTA.
+int moe_align_grid(int tokens, int top_k);
+
 }  // namespace detail
 }  // namespace fp4kit

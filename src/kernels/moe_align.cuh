@@ -1,8 +1,11 @@
 // moe_align.cuh: step 1 of the fused MoE layer (moe.cu): the device-side schedule of a pass.
 //
 // Contract
-//   moe_align_kernel, one CTA of kAlignThreads threads, E ints of dynamic shared memory. From the pass's
-//   top-k ids [tokens, top_k] it writes (AlignBufs, one workspace region):
+//   moe_align_kernel, one CTA of kAlignThreads threads, E ints of dynamic shared memory; or, for passes of
+//   many pairs, moe_align_count_kernel then moe_align_assign_kernel over the same grid of C <=
+//   kAlignMaxCtas CTAs of kAlignSplitThreads threads, CTA c taking tokens [c * chunk, (c + 1) * chunk)
+//   (align_chunk), E ints of dynamic shared memory each. From the pass's top-k ids [tokens, top_k] they
+//   write (AlignBufs, one workspace region):
 //     offset[e]        first sorted row of expert e (exclusive sum of its routed pairs), offset[E] = rows;
 //     tile_offset[e]   first token tile of expert e, tiles of tile_bn rows (tensor-core path; 0 if unused);
 //     active[a], block_row[a], n_active
@@ -12,8 +15,15 @@
 //     token_of_row[r]  the token of sorted row r;
 //   and zeroes the n_counters arrival counters of the grouped GEMMs. A pair is routed when its id is in
 //   [0, E) and no earlier slot of its token holds the same id (a bad or duplicate id makes the token's
-//   output NaN in the combine). Rows of one expert are in arrival order (atomics): no value depends on it,
-//   since every GEMM row is computed on its own and the combine sums slots in slot order.
+//   output NaN in the combine). Rows of one expert are in arrival order (atomics; in the two-kernel form
+//   CTA c's rows of an expert come after CTA c - 1's): no value depends on it, since every GEMM row is
+//   computed on its own and the combine sums slots in slot order. The two-kernel form keeps each CTA's
+//   per-expert counts in `hist` [C][E] between its kernels.
+//
+// Why two kernels for many pairs: one CTA's shared atomics on E counters serialise (Nsight Compute at
+// T = 8192: 70 us for gpt-oss-120b's 32768 pairs, 162 us for Qwen3-30B-A3B's 65536, 8% of that layer).
+// C CTAs count their tokens in parallel; the second kernel's CTAs each sum the counts (C x E ints from L2)
+// into the same offsets and start their own rows after the CTAs before them.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,9 +34,20 @@ namespace fp4kit {
 namespace kernels {
 
 constexpr int kAlignThreads = 1024;
+constexpr int kAlignSplitThreads = 256;
+constexpr int kAlignMaxCtas = 64;
+// The two-kernel form from this many pairs on (below, one CTA's atomics cost less than a second launch).
+constexpr int kAlignSplitMinPairs = 4096;
+// Tokens per CTA of the two-kernel form (one per thread) and its grid.
+__host__ __device__ constexpr int align_chunk(int tokens) {
+  return (tokens + kAlignMaxCtas - 1) / kAlignMaxCtas > kAlignSplitThreads
+             ? (tokens + kAlignMaxCtas - 1) / kAlignMaxCtas
+             : kAlignSplitThreads;
+}
+__host__ __device__ constexpr int align_ctas(int tokens) { return (tokens + align_chunk(tokens) - 1) / align_chunk(tokens); }
 
 // Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E+P] | block_row[E+P] |
-// tile_offset[E+1] | row_of_pair[P] | token_of_row[P].
+// tile_offset[E+1] | row_of_pair[P] | token_of_row[P] | hist[kAlignMaxCtas * E].
 struct AlignBufs {
   int* n_active;     // entries of the grouped decode schedule (kernels::GroupedSchedule)
   int* offset;
@@ -35,9 +56,10 @@ struct AlignBufs {
   int* tile_offset;  // tensor-core path: first token tile of each expert (tiles of tile_bn rows)
   int* row_of_pair;
   int* token_of_row;
+  int* hist;  // the two-kernel form: [C][E] rows of expert e among CTA c's tokens
 };
 constexpr size_t align_ints(int experts, int pairs) {
-  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts + pairs) + 2 * size_t(pairs);
+  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts + pairs) + 2 * size_t(pairs) + size_t(kAlignMaxCtas) * experts;
 }
 inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   AlignBufs b;
@@ -48,6 +70,7 @@ inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   b.tile_offset = b.block_row + experts + pairs;
   b.row_of_pair = b.tile_offset + experts + 1;
   b.token_of_row = b.row_of_pair + pairs;
+  b.hist = b.token_of_row + pairs;
   return b;
 }
 
@@ -85,18 +108,18 @@ __device__ __forceinline__ void check_token(int experts, TokenSlots& s) {
   }
 }
 
-// f(tok, slots) for each of this thread's tokens, two per step: both tokens' slot ids are loaded before
-// either is checked (TokenSlots).
+// f(tok, slots) for each of this thread's tokens of [begin, end), two per step: both tokens' slot ids are
+// loaded before either is checked (TokenSlots).
 template <typename F>
-__device__ __forceinline__ void for_each_token(const int32_t* ids, int tokens, int top_k, int experts, F&& f) {
-  for (int t0 = threadIdx.x; t0 < tokens; t0 += 2 * blockDim.x) {
+__device__ __forceinline__ void for_each_token(const int32_t* ids, int begin, int end, int top_k, int experts, F&& f) {
+  for (int t0 = begin + threadIdx.x; t0 < end; t0 += 2 * blockDim.x) {
     TokenSlots s[2];
-    load_token(ids, t0, tokens, top_k, s[0]);
-    load_token(ids, t0 + blockDim.x, tokens, top_k, s[1]);
+    load_token(ids, t0, end, top_k, s[0]);
+    load_token(ids, t0 + blockDim.x, end, top_k, s[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tok = t0 + h * blockDim.x;
-      if (tok >= tokens) break;
+      if (tok >= end) break;
       check_token(experts, s[h]);
       f(tok, s[h]);
     }
@@ -141,8 +164,93 @@ __device__ __forceinline__ AlignSums align_scan(AlignSums v, AlignSums& carry, A
   return ex;
 }
 
+// Rows of each expert among tokens [begin, end) into s_count (zeroed and synchronised by the caller).
+__device__ __forceinline__ void count_rows(const int32_t* ids, int begin, int end, int top_k, int experts,
+                                           int* s_count) {
+  if (top_k <= kAlignMaxSlots) {
+    for_each_token(ids, begin, end, top_k, experts, [&](int, const TokenSlots& s) {
+#pragma unroll
+      for (int j = 0; j < kAlignMaxSlots; ++j)
+        if (s.ok[j]) atomicAdd(&s_count[s.id[j]], 1);
+    });
+  } else {
+    for (int i = begin * top_k + threadIdx.x; i < end * top_k; i += blockDim.x)
+      if (routed(ids, i, top_k, experts)) atomicAdd(&s_count[ids[i]], 1);
+  }
+}
+
+// Offsets, tiles and schedule entries in ascending expert order, so the stream-K split of each expert (and
+// with it every sum) is the same on every call with the same routing. count(e): expert e's rows; s_cursor[e]
+// becomes its first row plus skip(e) (the rows earlier CTAs assign); the schedule (b.offset, tile_offset,
+// active, block_row, n_active) is written where `write`. Ends with a barrier.
 // block_rows > 0: every expert's rows in entries of at most block_rows (the grouped decode kernel's token
-// tiles); 0: one entry per expert. One CTA of kAlignThreads threads.
+// tiles); 0: one entry per expert.
+template <typename Count, typename Skip>
+__device__ __forceinline__ void align_offsets(int experts, int tile_bn, int block_rows, const AlignBufs& b, bool write,
+                                              int* s_cursor, AlignSums* s_warp, Count count, Skip skip) {
+  AlignSums carry{0, 0, 0};
+  for (int e0 = 0; e0 < experts; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    const int c = e < experts ? count(e) : 0;
+    const int step = block_rows > 0 ? block_rows : max(c, 1);
+    const AlignSums v{c, tile_bn > 0 ? (c + tile_bn - 1) / tile_bn : 0, (c + step - 1) / step};
+    const AlignSums ex = align_scan(v, carry, s_warp);
+    if (e < experts) {
+      s_cursor[e] = ex.rows + skip(e);
+      if (write) {
+        b.offset[e] = ex.rows;
+        b.tile_offset[e] = ex.tiles;
+        for (int j = 0; j < v.entries; ++j) {
+          b.active[ex.entries + j] = e;
+          b.block_row[ex.entries + j] = ex.rows + j * step;
+        }
+      }
+    }
+  }
+  if (write && threadIdx.x == 0) {
+    b.offset[experts] = carry.rows;
+    b.tile_offset[experts] = carry.tiles;
+    *b.n_active = carry.entries;
+  }
+  __syncthreads();
+}
+
+// Each routed pair of tokens [begin, end) takes the next row of its expert (s_cursor, atomics): row_of_pair
+// and token_of_row.
+__device__ __forceinline__ void assign_rows(const int32_t* ids, int begin, int end, int top_k, int experts,
+                                            const AlignBufs& b, int* s_cursor) {
+  if (top_k <= kAlignMaxSlots) {
+    for_each_token(ids, begin, end, top_k, experts, [&](int tok, const TokenSlots& s) {
+#pragma unroll
+      for (int j = 0; j < kAlignMaxSlots; ++j) {
+        if (j >= top_k) break;
+        int row = -1;
+        if (s.ok[j]) {
+          row = atomicAdd(&s_cursor[s.id[j]], 1);
+          b.token_of_row[row] = tok;
+        }
+        b.row_of_pair[int64_t(tok) * top_k + j] = row;
+      }
+    });
+  } else {
+    for (int i = begin * top_k + threadIdx.x; i < end * top_k; i += blockDim.x) {
+      int row = -1;
+      if (routed(ids, i, top_k, experts)) {
+        row = atomicAdd(&s_cursor[ids[i]], 1);
+        b.token_of_row[row] = i / top_k;
+      }
+      b.row_of_pair[i] = row;
+    }
+  }
+}
+
+// The grouped GEMMs' arrival counters start at zero whatever the workspace held before (they leave them
+// zeroed too): the workspace needs no initialisation, and calls of other shapes may share it.
+__device__ __forceinline__ void zero_counters(int* counters, int n_counters) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_counters; i += gridDim.x * blockDim.x) counters[i] = 0;
+}
+
+// The whole schedule in one CTA of kAlignThreads threads (passes of few pairs).
 __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
                                                                    int tile_bn, int block_rows, AlignBufs b,
                                                                    int* counters, int n_counters) {
@@ -150,73 +258,60 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   __shared__ AlignSums s_warp[32];
   griddep_launch_dependents();
   griddep_wait();  // the ids and the workspace: written by earlier kernels
-  // The grouped GEMMs' arrival counters start at zero whatever the workspace held before (they leave
-  // them zeroed too): the workspace needs no initialisation, and calls of other shapes may share it.
-  for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
+  zero_counters(counters, n_counters);
   for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
-  const bool by_token = top_k <= kAlignMaxSlots;  // pairs = tokens * top_k
   const int tokens = pairs / top_k;
-  if (by_token) {
-    for_each_token(ids, tokens, top_k, experts, [&](int, const TokenSlots& s) {
-#pragma unroll
-      for (int j = 0; j < kAlignMaxSlots; ++j)
-        if (s.ok[j]) atomicAdd(&s_count[s.id[j]], 1);
-    });
-  } else {
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x)
-      if (routed(ids, i, top_k, experts)) atomicAdd(&s_count[ids[i]], 1);
-  }
+  count_rows(ids, 0, tokens, top_k, experts, s_count);
   __syncthreads();
-  // Offsets, tiles and schedule entries in ascending expert order, so the stream-K split of each expert
-  // (and with it every sum) is the same on every call with the same routing.
-  AlignSums carry{0, 0, 0};
-  for (int e0 = 0; e0 < experts; e0 += blockDim.x) {
-    const int e = e0 + threadIdx.x;
-    const int c = e < experts ? s_count[e] : 0;
-    const int step = block_rows > 0 ? block_rows : max(c, 1);
-    const AlignSums v{c, tile_bn > 0 ? (c + tile_bn - 1) / tile_bn : 0, (c + step - 1) / step};
-    const AlignSums ex = align_scan(v, carry, s_warp);
-    if (e < experts) {
-      b.offset[e] = ex.rows;
-      b.tile_offset[e] = ex.tiles;
-      s_count[e] = ex.rows;  // the cursor of the row assignment below
-      for (int j = 0; j < v.entries; ++j) {
-        b.active[ex.entries + j] = e;
-        b.block_row[ex.entries + j] = ex.rows + j * step;
-      }
-    }
-  }
-  if (threadIdx.x == 0) {
-    b.offset[experts] = carry.rows;
-    b.tile_offset[experts] = carry.tiles;
-    *b.n_active = carry.entries;
-  }
+  align_offsets(experts, tile_bn, block_rows, b, true, s_count, s_warp, [&](int e) { return s_count[e]; },
+                [](int) { return 0; });
+  assign_rows(ids, 0, tokens, top_k, experts, b, s_count);
+}
+
+// The two-kernel form, first kernel: CTA c's rows per expert into b.hist[c][e]; the counters zeroed.
+__global__ void __launch_bounds__(kAlignSplitThreads) moe_align_count_kernel(const int32_t* ids, int pairs, int top_k,
+                                                                              int experts, AlignBufs b, int* counters,
+                                                                              int n_counters) {
+  extern __shared__ int s_count[];  // [experts]
+  griddep_launch_dependents();
+  griddep_wait();
+  zero_counters(counters, n_counters);
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
-  // Rows in arrival order within an expert (atomics): no value depends on it.
-  if (by_token) {
-    for_each_token(ids, tokens, top_k, experts, [&](int tok, const TokenSlots& s) {
-#pragma unroll
-      for (int j = 0; j < kAlignMaxSlots; ++j) {
-        if (j >= top_k) break;
-        int row = -1;
-        if (s.ok[j]) {
-          row = atomicAdd(&s_count[s.id[j]], 1);
-          b.token_of_row[row] = tok;
-        }
-        b.row_of_pair[int64_t(tok) * top_k + j] = row;
-      }
-    });
-  } else {
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-      int row = -1;
-      if (routed(ids, i, top_k, experts)) {
-        row = atomicAdd(&s_count[ids[i]], 1);
-        b.token_of_row[row] = i / top_k;
-      }
-      b.row_of_pair[i] = row;
-    }
-  }
+  const int tokens = pairs / top_k, chunk = align_chunk(tokens);
+  const int begin = blockIdx.x * chunk, end = min(tokens, begin + chunk);
+  count_rows(ids, begin, end, top_k, experts, s_count);
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) b.hist[int64_t(blockIdx.x) * experts + e] = s_count[e];
+}
+
+// Second kernel: every CTA sums the counts into the schedule (CTA 0 writes it) and assigns its tokens' rows
+// after those of the CTAs before it.
+__global__ void __launch_bounds__(kAlignSplitThreads) moe_align_assign_kernel(const int32_t* ids, int pairs, int top_k,
+                                                                               int experts, int tile_bn, int block_rows,
+                                                                               AlignBufs b) {
+  extern __shared__ int s_cursor[];  // [experts]
+  __shared__ AlignSums s_warp[32];
+  griddep_launch_dependents();
+  griddep_wait();  // the counts
+  const int tokens = pairs / top_k, chunk = align_chunk(tokens), ctas = int(gridDim.x);
+  const int begin = blockIdx.x * chunk, end = min(tokens, begin + chunk);
+  int before = 0;  // this thread's expert: rows of the CTAs before this one (count and skip run in order)
+  align_offsets(experts, tile_bn, block_rows, b, blockIdx.x == 0, s_cursor, s_warp,
+                [&](int e) {
+                  int total = 0;
+                  before = 0;
+#pragma unroll 8
+                  for (int c = 0; c < ctas; ++c) {
+                    const int n = b.hist[int64_t(c) * experts + e];
+                    total += n;
+                    before += c < int(blockIdx.x) ? n : 0;
+                  }
+                  return total;
+                },
+                [&](int) { return before; });
+  assign_rows(ids, begin, end, top_k, experts, b, s_cursor);
 }
 
 }  // namespace kernels

@@ -860,6 +860,45 @@ TEST(moe_auto_path_rule) {
   }
 }
 
+// Passes of many pairs (detail::moe_align_grid) build the schedule from a grid of CTAs (moe_align.cuh:
+// counts per CTA, then every CTA's rows after the CTAs before it). T = 1100 at top-4 (4400 pairs: 5 CTAs of
+// 256 tokens, the last partial) with skewed routing and bad and duplicate ids in the first, a middle and the
+// last CTA; top-10 (the per-pair form) at T = 420; one expert holding every token's slot 0 (1100 rows, from
+// every CTA). The tensor-core path (the decode path's passes stay below the threshold), BF16 experts too.
+TEST(moe_align_grid) {
+  if (!tensor_core_path_here("moe_align_grid")) return;
+  CHECK_MSG(detail::moe_align_grid(1100, 4) == 5 && detail::moe_align_grid(420, 10) == 2 &&
+                detail::moe_align_grid(1000, 1) == 0 && detail::moe_align_grid(256, 8) == 0,
+            "moe_align_grid: " << detail::moe_align_grid(1100, 4) << ", " << detail::moe_align_grid(420, 10));
+  for (int variant = 0; variant < (quick() ? 3 : 4); ++variant) {
+    Case c;
+    c.path = MoEPath::kTensorCore;
+    c.H = 64;
+    c.I = 64;
+    c.E = 16;
+    c.f = variant % 2 ? Format::kNVFP4 : Format::kMXFP4;
+    if (variant == 1) {
+      c.T = 420;
+      c.top_k = 10;
+      c.routing = Case::kRandom;
+      c.bad = {{10 * 3 + 4, 16}, {10 * 300 + 9, -1}, {10 * 419 + 2, 0}};
+    } else {
+      c.T = 1100;
+      c.top_k = 4;
+      c.routing = variant == 2 ? Case::kOneExpert : Case::kSkewed;
+      // Bad ids (16, -1, 99) and a duplicate (token 700's slots 2 and 3; token 600's slot 3 repeats
+      // expert 0 of its slot 0 with kOneExpert).
+      c.bad = {{4 * 2 + 1, 16}, {4 * 1099 + 0, 99}, {4 * 700 + 2, 5}, {4 * 700 + 3, 5}};
+      c.bad.push_back(variant == 2 ? std::make_pair(4 * 600 + 3, 0) : std::make_pair(4 * 600 + 3, -1));
+      c.act = MoEActivation::kSwigluOAI;
+      c.layout = GateUpLayout::kInterleaved;
+      c.bias = true;
+    }
+    c.bf16 = variant == 3;
+    check_case(c);
+  }
+}
+
 // Automatic choice past kMoEDecodePassTokens (the tensor-core path here), with bad and duplicate ids.
 TEST(moe_tensor_core_bad_ids_give_nan_rows) {
   if (!tensor_core_path_here("moe_tensor_core_bad_ids_give_nan_rows")) return;
