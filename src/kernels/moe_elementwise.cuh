@@ -57,10 +57,12 @@ template <typename T> __device__ __forceinline__ uint32_t store2(float lo, float
 // past inter zero). Grid (x, y) (detail::row_vector_grid): CTA (x, y) takes rows x, x + gridDim.x, ...,
 // and thread i the 16-byte output vector (4 pairs) y * blockDim.x + i of each. A thread loads its four
 // pairs' gate/up values first (interleaved: 8 contiguous bytes per pair; concatenated: 4 + 4), so it has
-// 32 bytes in flight. (One pair per thread and step, with 2-byte loads and a 64-bit
-// index division, ran at ~20% of the HBM bandwidth: 266 us of a 4096-token pass of gpt-oss-120b, in
-// Nsight Compute.) row_len and inter are multiples of 8 (the validator), so vectors and pairs are whole and
-// aligned.
+// 32 bytes in flight, and the kernel fits the grid's 16 CTAs per SM (31 registers). (One pair per thread
+// and step, with 2-byte loads and a 64-bit index division, ran at ~20% of the HBM bandwidth: 266 us of a
+// 4096-token pass of gpt-oss-120b, in Nsight Compute; the math's instruction count is in activate.)
+// Loading the next row before this row's math (40 registers) was slower at 8192 tokens: 168 against 145 us
+// for gpt-oss-120b, 100 against 78 for Qwen3-30B-A3B. row_len and inter are multiples of 8 (the validator),
+// so vectors and pairs are whole and aligned.
 template <typename T>
 __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int inter, int row_len, bool lane,
                                       Format lane_format, MoEActivation act, GateUpLayout layout, float alpha,
