@@ -77,6 +77,8 @@ using kernels::align_bufs;
 using kernels::align_ints;
 using kernels::kAlignThreads;
 using kernels::moe_activation_kernel;
+using kernels::moe_align_assign_kernel;
+using kernels::moe_align_count_kernel;
 using kernels::moe_align_kernel;
 using kernels::moe_combine_kernel;
 
@@ -711,10 +713,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const int tile_bn = plan.tc ? plan.tgu.bn : 0, n_counters = int(plan.counters_bytes / sizeof(int));
     if (const int ctas = detail::moe_align_grid(tokens, a.top_k)) {  // many pairs: the schedule from a grid
       const dim3 grid{unsigned(ctas)};
-      detail::launch_kernel(&kernels::moe_align_count_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int),
-                            stream, plan.pdl, ids, pairs, a.top_k, E, b, counters, n_counters);
-      detail::launch_kernel(&kernels::moe_align_assign_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int),
-                            stream, plan.pdl, ids, pairs, a.top_k, E, tile_bn, plan.block_rows, b);
+      detail::launch_kernel(&moe_align_count_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int), stream,
+                            plan.pdl, ids, pairs, a.top_k, E, b, counters, n_counters);
+      detail::launch_kernel(&moe_align_assign_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int), stream,
+                            plan.pdl, ids, pairs, a.top_k, E, tile_bn, plan.block_rows, b);
     } else {
       detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl, ids,
                             pairs, a.top_k, E, tile_bn, plan.block_rows, b, counters, n_counters);

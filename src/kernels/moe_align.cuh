@@ -180,23 +180,24 @@ __device__ __forceinline__ void count_rows(const int32_t* ids, int begin, int en
 }
 
 // Offsets, tiles and schedule entries in ascending expert order, so the stream-K split of each expert (and
-// with it every sum) is the same on every call with the same routing. count(e): expert e's rows; s_cursor[e]
-// becomes its first row plus skip(e) (the rows earlier CTAs assign); the schedule (b.offset, tile_offset,
-// active, block_row, n_active) is written where `write`. Ends with a barrier.
+// with it every sum) is the same on every call with the same routing. rows(e) = {expert e's rows, the rows
+// of e that earlier CTAs assign}; s_cursor[e] becomes e's first row plus the second; the schedule (b.offset,
+// tile_offset, active, block_row, n_active) is written where `write`. Ends with a barrier.
 // block_rows > 0: every expert's rows in entries of at most block_rows (the grouped decode kernel's token
 // tiles); 0: one entry per expert.
-template <typename Count, typename Skip>
+template <typename Rows>
 __device__ __forceinline__ void align_offsets(int experts, int tile_bn, int block_rows, const AlignBufs& b, bool write,
-                                              int* s_cursor, AlignSums* s_warp, Count count, Skip skip) {
+                                              int* s_cursor, AlignSums* s_warp, Rows rows) {
   AlignSums carry{0, 0, 0};
   for (int e0 = 0; e0 < experts; e0 += blockDim.x) {
     const int e = e0 + threadIdx.x;
-    const int c = e < experts ? count(e) : 0;
+    const int2 r = e < experts ? rows(e) : make_int2(0, 0);
+    const int c = r.x;
     const int step = block_rows > 0 ? block_rows : max(c, 1);
     const AlignSums v{c, tile_bn > 0 ? (c + tile_bn - 1) / tile_bn : 0, (c + step - 1) / step};
     const AlignSums ex = align_scan(v, carry, s_warp);
     if (e < experts) {
-      s_cursor[e] = ex.rows + skip(e);
+      s_cursor[e] = ex.rows + r.y;
       if (write) {
         b.offset[e] = ex.rows;
         b.tile_offset[e] = ex.tiles;
@@ -264,8 +265,7 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   const int tokens = pairs / top_k;
   count_rows(ids, 0, tokens, top_k, experts, s_count);
   __syncthreads();
-  align_offsets(experts, tile_bn, block_rows, b, true, s_count, s_warp, [&](int e) { return s_count[e]; },
-                [](int) { return 0; });
+  align_offsets(experts, tile_bn, block_rows, b, true, s_count, s_warp, [&](int e) { return make_int2(s_count[e], 0); });
   assign_rows(ids, 0, tokens, top_k, experts, b, s_count);
 }
 
@@ -297,20 +297,17 @@ __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_assign_kernel(co
   griddep_wait();  // the counts
   const int tokens = pairs / top_k, chunk = align_chunk(tokens), ctas = int(gridDim.x);
   const int begin = blockIdx.x * chunk, end = min(tokens, begin + chunk);
-  int before = 0;  // this thread's expert: rows of the CTAs before this one (count and skip run in order)
-  align_offsets(experts, tile_bn, block_rows, b, blockIdx.x == 0, s_cursor, s_warp,
-                [&](int e) {
-                  int total = 0;
-                  before = 0;
+  // Expert e's rows: the sum over every CTA's count, and over those before this CTA.
+  align_offsets(experts, tile_bn, block_rows, b, blockIdx.x == 0, s_cursor, s_warp, [&](int e) {
+    int total = 0, before = 0;
 #pragma unroll 8
-                  for (int c = 0; c < ctas; ++c) {
-                    const int n = b.hist[int64_t(c) * experts + e];
-                    total += n;
-                    before += c < int(blockIdx.x) ? n : 0;
-                  }
-                  return total;
-                },
-                [&](int) { return before; });
+    for (int c = 0; c < ctas; ++c) {
+      const int n = b.hist[int64_t(c) * experts + e];
+      total += n;
+      before += c < int(blockIdx.x) ? n : 0;
+    }
+    return make_int2(total, before);
+  });
   assign_rows(ids, begin, end, top_k, experts, b, s_cursor);
 }
 
