@@ -270,7 +270,7 @@ struct MoEPlan {
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
-  int block_rows = 0;      // FP4 decode path: rows per schedule entry (the grouped kernel's token tiles)
+  int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
@@ -362,7 +362,10 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
     }
     // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
+    // The schedule's entries are these tiles (the kernels read each tile's expert and rows from them).
     p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
+    p.block_rows = bn;
+    p.max_entries = p.tc_max_tiles;
     p.sms = p.tgu.sms;
   } else if (p.bf16) {
     const int n_tiles = bf16_n_tiles(a.tokens);
@@ -693,8 +696,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.x = x;
     g.y = y;
     g.rows = rows;
-    g.offset = b.offset;
-    g.tile_offset = b.tile_offset;
+    g.n_tiles = b.n_active;
+    g.tile_expert = b.active;
+    g.tile_row = b.block_row;
     g.experts = E;
     g.max_tiles = plan.tc_max_tiles;
     g.base = w.data;
@@ -710,16 +714,16 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     const void* x = static_cast<const uint8_t*>(a.x) + t0 * a.hidden * eb;
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     const int32_t* ids = topk_ids + t0 * a.top_k;
-    const int tile_bn = plan.tc ? plan.tgu.bn : 0, n_counters = int(plan.counters_bytes / sizeof(int));
+    const int n_counters = int(plan.counters_bytes / sizeof(int));
     if (const int ctas = detail::moe_align_grid(tokens, a.top_k)) {  // many pairs: the schedule from a grid
       const dim3 grid{unsigned(ctas)};
       detail::launch_kernel(&moe_align_count_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int), stream,
                             plan.pdl, ids, pairs, a.top_k, E, b, counters, n_counters);
       detail::launch_kernel(&moe_align_assign_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int), stream,
-                            plan.pdl, ids, pairs, a.top_k, E, tile_bn, plan.block_rows, b);
+                            plan.pdl, ids, pairs, a.top_k, E, plan.block_rows, b);
     } else {
       detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl, ids,
-                            pairs, a.top_k, E, tile_bn, plan.block_rows, b, counters, n_counters);
+                            pairs, a.top_k, E, plan.block_rows, b, counters, n_counters);
     }
     if (plan.tc) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,

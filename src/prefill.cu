@@ -417,7 +417,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   if (grid > INT32_MAX) return Status::Invalid("tokens: the grouped prefill grid holds at most 2^31 - 1 CTAs");
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
-  p.group = pk::PrefillGroup{a.offset, a.tile_offset, a.experts, kernels::expert_stack(a.base, a.stride, a.bias, l)};
+  p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   if (plan.mma) {
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);

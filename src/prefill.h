@@ -51,10 +51,13 @@ struct GroupedPrefillArgs {
                             // [rows, k] in natural order), the experts' rows one expert after another
   void* y = nullptr;        // [rows, n] of act, same row order
   int64_t rows = 0;
-  const int* offset = nullptr;       // [experts + 1] on the device
-  const int* tile_offset = nullptr;  // [experts + 1] on the device, in tiles of plan.bn
+  // The token tiles of plan.bn rows, on the device (the MoE schedule's entries, moe_align.cuh): their
+  // count, each one's expert and first row, and after the last tile's first row the rows of the pass.
+  const int* n_tiles = nullptr;      // [1]
+  const int* tile_expert = nullptr;  // [max_tiles]
+  const int* tile_row = nullptr;     // [max_tiles + 1]
   int experts = 0;
-  int max_tiles = 0;                 // the most token tiles offset/tile_offset can describe: the grid
+  int max_tiles = 0;                 // the most token tiles any routing of the pass can need: the grid
   const void* base = nullptr;        // expert e's prepacked matrix at base + e * stride
   size_t stride = 0;
   const void* bias = nullptr;        // [experts, n] or null

@@ -7,10 +7,11 @@
 //   (align_chunk), E ints of dynamic shared memory each. From the pass's top-k ids [tokens, top_k] they
 //   write (AlignBufs, one workspace region):
 //     offset[e]        first sorted row of expert e (exclusive sum of its routed pairs), offset[E] = rows;
-//     tile_offset[e]   first token tile of expert e, tiles of tile_bn rows (tensor-core path; 0 if unused);
 //     active[a], block_row[a], n_active
-//                      the grouped decode GEMMs' entries: each expert's rows in blocks of block_rows
-//                      (0: one entry per expert), in ascending expert order;
+//                      the grouped GEMMs' entries: each expert's rows in blocks of block_rows (the token
+//                      tiles: the decode kernel's, or the tensor-core path's BN; 0: one entry per expert),
+//                      in ascending expert order; block_row[n_active] = rows, so entry a holds sorted rows
+//                      [block_row[a], block_row[a + 1]) whenever block_rows > 0;
 //     row_of_pair[p]   the sorted row of pair p = token * top_k + slot, -1 when not routed;
 //     token_of_row[r]  the token of sorted row r;
 //   and zeroes the n_counters arrival counters of the grouped GEMMs. A pair is routed when its id is in
@@ -46,20 +47,20 @@ __host__ __device__ constexpr int align_chunk(int tokens) {
 }
 __host__ __device__ constexpr int align_ctas(int tokens) { return (tokens + align_chunk(tokens) - 1) / align_chunk(tokens); }
 
-// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E+P] | block_row[E+P] |
-// tile_offset[E+1] | row_of_pair[P] | token_of_row[P] | hist[kAlignMaxCtas * E].
+// Workspace view of the schedule (ints): n_active[1] | offset[E+1] | active[E+P] | block_row[E+P+1] |
+// row_of_pair[P] | token_of_row[P] | hist[kAlignMaxCtas * E]. Entries number at most min(E, P) + P
+// (block_rows >= 1), so active and block_row (with its end mark) always have room.
 struct AlignBufs {
-  int* n_active;     // entries of the grouped decode schedule (kernels::GroupedSchedule)
+  int* n_active;   // entries of the schedule (kernels::GroupedSchedule, prefill::PrefillGroup)
   int* offset;
-  int* active;       // expert of each entry
-  int* block_row;    // first sorted row of each entry
-  int* tile_offset;  // tensor-core path: first token tile of each expert (tiles of tile_bn rows)
+  int* active;     // expert of each entry
+  int* block_row;  // first sorted row of each entry, then the pass's rows
   int* row_of_pair;
   int* token_of_row;
   int* hist;  // the two-kernel form: [C][E] rows of expert e among CTA c's tokens
 };
 constexpr size_t align_ints(int experts, int pairs) {
-  return 1 + 2 * size_t(experts + 1) + 2 * size_t(experts + pairs) + 2 * size_t(pairs) + size_t(kAlignMaxCtas) * experts;
+  return 1 + size_t(experts + 1) + 2 * size_t(experts + pairs) + 1 + 2 * size_t(pairs) + size_t(kAlignMaxCtas) * experts;
 }
 inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   AlignBufs b;
@@ -67,8 +68,7 @@ inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   b.offset = b.n_active + 1;
   b.active = b.offset + experts + 1;
   b.block_row = b.active + experts + pairs;
-  b.tile_offset = b.block_row + experts + pairs;
-  b.row_of_pair = b.tile_offset + experts + 1;
+  b.row_of_pair = b.block_row + experts + pairs + 1;
   b.token_of_row = b.row_of_pair + pairs;
   b.hist = b.token_of_row + pairs;
   return b;
@@ -126,40 +126,37 @@ __device__ __forceinline__ void for_each_token(const int32_t* ids, int begin, in
   }
 }
 
-// Per expert e (rows c = its routed pairs): its first sorted row (exclusive sum of c), first token tile
-// (of ceil(c / tile_bn)) and first schedule entry (of ceil(c / block_rows), or one for any c > 0 when
-// block_rows is 0), for the experts of one chunk of blockDim, on top of the previous chunks' totals
-// (`carry`, updated). Warp shuffles, then the warp totals: two barriers per chunk. (A serial pass by one
-// thread over E = 128 experts took ~8 us of the kernel's ~10 at T = 1, in Nsight Compute.)
+// Per expert e (rows c = its routed pairs): its first sorted row (exclusive sum of c) and first schedule
+// entry (of ceil(c / block_rows), or one for any c > 0 when block_rows is 0), for the experts of one chunk
+// of blockDim, on top of the previous chunks' totals (`carry`, updated). Warp shuffles, then the warp
+// totals: two barriers per chunk. (A serial pass by one thread over E = 128 experts took ~8 us of the
+// kernel's ~10 at T = 1, in Nsight Compute.)
 struct AlignSums {
-  int rows, tiles, entries;
+  int rows, entries;
 };
 __device__ __forceinline__ AlignSums align_scan(AlignSums v, AlignSums& carry, AlignSums* s_warp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   AlignSums in = v;  // inclusive within the warp
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int r = __shfl_up_sync(0xffffffffu, in.rows, d), t = __shfl_up_sync(0xffffffffu, in.tiles, d),
-              n = __shfl_up_sync(0xffffffffu, in.entries, d);
-    if (lane >= d) in = AlignSums{in.rows + r, in.tiles + t, in.entries + n};
+    const int r = __shfl_up_sync(0xffffffffu, in.rows, d), n = __shfl_up_sync(0xffffffffu, in.entries, d);
+    if (lane >= d) in = AlignSums{in.rows + r, in.entries + n};
   }
   if (lane == 31) s_warp[warp] = in;
   __syncthreads();
   if (warp == 0) {  // inclusive sums of the warp totals
-    AlignSums w = lane < warps ? s_warp[lane] : AlignSums{0, 0, 0};
+    AlignSums w = lane < warps ? s_warp[lane] : AlignSums{0, 0};
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int r = __shfl_up_sync(0xffffffffu, w.rows, d), t = __shfl_up_sync(0xffffffffu, w.tiles, d),
-                n = __shfl_up_sync(0xffffffffu, w.entries, d);
-      if (lane >= d) w = AlignSums{w.rows + r, w.tiles + t, w.entries + n};
+      const int r = __shfl_up_sync(0xffffffffu, w.rows, d), n = __shfl_up_sync(0xffffffffu, w.entries, d);
+      if (lane >= d) w = AlignSums{w.rows + r, w.entries + n};
     }
     if (lane < warps) s_warp[lane] = w;
   }
   __syncthreads();
-  const AlignSums before = warp > 0 ? s_warp[warp - 1] : AlignSums{0, 0, 0}, total = s_warp[warps - 1];
-  const AlignSums ex{carry.rows + before.rows + in.rows - v.rows, carry.tiles + before.tiles + in.tiles - v.tiles,
-                     carry.entries + before.entries + in.entries - v.entries};
-  carry = AlignSums{carry.rows + total.rows, carry.tiles + total.tiles, carry.entries + total.entries};
+  const AlignSums before = warp > 0 ? s_warp[warp - 1] : AlignSums{0, 0}, total = s_warp[warps - 1];
+  const AlignSums ex{carry.rows + before.rows + in.rows - v.rows, carry.entries + before.entries + in.entries - v.entries};
+  carry = AlignSums{carry.rows + total.rows, carry.entries + total.entries};
   __syncthreads();  // s_warp is reused by the next chunk
   return ex;
 }
@@ -179,28 +176,27 @@ __device__ __forceinline__ void count_rows(const int32_t* ids, int begin, int en
   }
 }
 
-// Offsets, tiles and schedule entries in ascending expert order, so the stream-K split of each expert (and
-// with it every sum) is the same on every call with the same routing. rows(e) = {expert e's rows, the rows
-// of e that earlier CTAs assign}; s_cursor[e] becomes e's first row plus the second; the schedule (b.offset,
-// tile_offset, active, block_row, n_active) is written where `write`. Ends with a barrier.
-// block_rows > 0: every expert's rows in entries of at most block_rows (the grouped decode kernel's token
-// tiles); 0: one entry per expert.
+// Offsets and schedule entries in ascending expert order, so the stream-K split of each expert (and with it
+// every sum) is the same on every call with the same routing. rows(e) = {expert e's rows, the rows of e that
+// earlier CTAs assign}; s_cursor[e] becomes e's first row plus the second; the schedule (b.offset, active,
+// block_row with its end mark, n_active) is written where `write`. Ends with a barrier.
+// block_rows > 0: every expert's rows in entries of at most block_rows (the grouped GEMMs' token tiles);
+// 0: one entry per expert.
 template <typename Rows>
-__device__ __forceinline__ void align_offsets(int experts, int tile_bn, int block_rows, const AlignBufs& b, bool write,
+__device__ __forceinline__ void align_offsets(int experts, int block_rows, const AlignBufs& b, bool write,
                                               int* s_cursor, AlignSums* s_warp, Rows rows) {
-  AlignSums carry{0, 0, 0};
+  AlignSums carry{0, 0};
   for (int e0 = 0; e0 < experts; e0 += blockDim.x) {
     const int e = e0 + threadIdx.x;
     const int2 r = e < experts ? rows(e) : make_int2(0, 0);
     const int c = r.x;
     const int step = block_rows > 0 ? block_rows : max(c, 1);
-    const AlignSums v{c, tile_bn > 0 ? (c + tile_bn - 1) / tile_bn : 0, (c + step - 1) / step};
+    const AlignSums v{c, (c + step - 1) / step};
     const AlignSums ex = align_scan(v, carry, s_warp);
     if (e < experts) {
       s_cursor[e] = ex.rows + r.y;
       if (write) {
         b.offset[e] = ex.rows;
-        b.tile_offset[e] = ex.tiles;
         for (int j = 0; j < v.entries; ++j) {
           b.active[ex.entries + j] = e;
           b.block_row[ex.entries + j] = ex.rows + j * step;
@@ -210,7 +206,7 @@ __device__ __forceinline__ void align_offsets(int experts, int tile_bn, int bloc
   }
   if (write && threadIdx.x == 0) {
     b.offset[experts] = carry.rows;
-    b.tile_offset[experts] = carry.tiles;
+    b.block_row[carry.entries] = carry.rows;  // the last entry's end
     *b.n_active = carry.entries;
   }
   __syncthreads();
@@ -251,9 +247,10 @@ __device__ __forceinline__ void zero_counters(int* counters, int n_counters) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_counters; i += gridDim.x * blockDim.x) counters[i] = 0;
 }
 
-// The whole schedule in one CTA of kAlignThreads threads (passes of few pairs).
-__global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
-                                                                   int tile_bn, int block_rows, AlignBufs b,
+// The whole schedule in one CTA of kAlignThreads threads (passes of few pairs). The bound names the one CTA:
+// without it ptxas fits 32 registers (two CTAs per SM) and spilled.
+__global__ void __launch_bounds__(kAlignThreads, 1) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
+                                                                   int block_rows, AlignBufs b,
                                                                    int* counters, int n_counters) {
   extern __shared__ int s_count[];  // [experts]: rows per expert, then each expert's next free row
   __shared__ AlignSums s_warp[32];
@@ -265,7 +262,7 @@ __global__ void __launch_bounds__(kAlignThreads) moe_align_kernel(const int32_t*
   const int tokens = pairs / top_k;
   count_rows(ids, 0, tokens, top_k, experts, s_count);
   __syncthreads();
-  align_offsets(experts, tile_bn, block_rows, b, true, s_count, s_warp, [&](int e) { return make_int2(s_count[e], 0); });
+  align_offsets(experts, block_rows, b, true, s_count, s_warp, [&](int e) { return make_int2(s_count[e], 0); });
   assign_rows(ids, 0, tokens, top_k, experts, b, s_count);
 }
 
@@ -289,7 +286,7 @@ __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_count_kernel(con
 // Second kernel: every CTA sums the counts into the schedule (CTA 0 writes it) and assigns its tokens' rows
 // after those of the CTAs before it.
 __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_assign_kernel(const int32_t* ids, int pairs, int top_k,
-                                                                               int experts, int tile_bn, int block_rows,
+                                                                               int experts, int block_rows,
                                                                                AlignBufs b) {
   extern __shared__ int s_cursor[];  // [experts]
   __shared__ AlignSums s_warp[32];
@@ -298,7 +295,7 @@ __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_assign_kernel(co
   const int tokens = pairs / top_k, chunk = align_chunk(tokens), ctas = int(gridDim.x);
   const int begin = blockIdx.x * chunk, end = min(tokens, begin + chunk);
   // Expert e's rows: the sum over every CTA's count, and over those before this CTA.
-  align_offsets(experts, tile_bn, block_rows, b, blockIdx.x == 0, s_cursor, s_warp, [&](int e) {
+  align_offsets(experts, block_rows, b, blockIdx.x == 0, s_cursor, s_warp, [&](int e) {
     int total = 0, before = 0;
 #pragma unroll 8
     for (int c = 0; c < ctas; ++c) {

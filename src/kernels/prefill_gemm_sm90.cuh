@@ -122,15 +122,15 @@ template <int BN, int kBlocks = 1> struct Geometry {
   static_assert(kStages >= 2 && kBlocks * (kSmem + 1024) <= 228 * 1024 - 1024, "ring does not fit");
 };
 
-// Grouped mode (MoE experts, kGrouped): the token tiles of all experts are numbered one after another;
-// expert e owns tiles [tile_offset[e], tile_offset[e + 1]) over its sorted rows [offset[e], offset[e + 1])
-// of X and Y (rows of one expert are contiguous: the MoE gathers X into that order). Both arrays are
-// written on the device by the MoE's align kernel, so the grid is sized for the most tiles any routing can
-// need (p.token_tiles) and CTAs past the routing's last tile exit at once.
+// Grouped mode (MoE experts, kGrouped): the token tiles of all experts are numbered one after another in
+// expert order; tile t is sorted rows [tile_row[t], tile_row[t + 1]) of X and Y (at most BN of them) of
+// expert tile_expert[t] (rows of one expert are contiguous: the MoE gathers X into that order). These are
+// the MoE schedule's entries (moe_align.cuh, block_rows = BN), written on the device, so the grid is sized
+// for the most tiles any routing can need (p.token_tiles) and CTAs past the routing's n_tiles exit at once.
 struct PrefillGroup {
-  const int* offset;       // [n_experts + 1] first sorted row of each expert
-  const int* tile_offset;  // [n_experts + 1] first token tile of each expert
-  int n_experts;
+  const int* n_tiles;      // [1] the routing's token tiles
+  const int* tile_expert;  // [n_tiles] the expert of each tile
+  const int* tile_row;     // [n_tiles + 1] first sorted row of each tile, then the pass's rows
   ExpertStack experts;
 };
 
@@ -152,7 +152,8 @@ struct PrefillParams {
 };
 
 // What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
-// [tok_begin, tok_end) of which its tile covers tok_begin .. tok_begin + BN - 1.
+// [tok_begin, tok_end) of which its tile covers tok_begin .. tok_begin + BN - 1 (grouped mode: tok_end is
+// the tile's own end, at most tok_begin + BN; dense: m).
 template <typename T> struct CtaOperands {
   const uint8_t* weights;
   const uint8_t* scales;
@@ -399,23 +400,19 @@ __device__ __forceinline__ bool cta_operands(const PrefillParams& p, int token_t
   o.tok_end = p.m;
   o.expert = 0;
   if constexpr (kGrouped) {
+    // Two rounds of loads before the CTA's first copy: the tile count, then the tile's expert and rows
+    // together. (A binary search over per-expert tile offsets, then the expert's rows, made a chain of ~9
+    // dependent loads at the start of every tile.)
     const PrefillGroup& g = p.group;
-    if (token_tile >= g.tile_offset[g.n_experts]) return false;
-    // The last expert whose first tile is <= token_tile: experts without tokens share their successor's
-    // tile_offset, so the last of equal entries is the one that owns the tile.
-    int lo = 0, hi = g.n_experts - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (g.tile_offset[mid] <= token_tile) lo = mid;
-      else hi = mid - 1;
-    }
-    o.weights = g.experts.weights(lo);
-    o.scales = g.experts.scales(lo);
-    o.out_scale = g.experts.out_scale(lo);
-    o.bias = g.experts.bias_of<T>(lo, p.n);
-    o.tok_begin = g.offset[lo] + (token_tile - g.tile_offset[lo]) * BN;
-    o.tok_end = g.offset[lo + 1];
-    o.expert = lo;
+    if (token_tile >= *g.n_tiles) return false;
+    const int e = g.tile_expert[token_tile];
+    o.tok_begin = g.tile_row[token_tile];
+    o.tok_end = g.tile_row[token_tile + 1];
+    o.weights = g.experts.weights(e);
+    o.scales = g.experts.scales(e);
+    o.out_scale = g.experts.out_scale(e);
+    o.bias = g.experts.bias_of<T>(e, p.n);
+    o.expert = e;
   }
   return true;
 }
@@ -527,6 +524,18 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   Scales<F, T> sc;
   if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
+  // The epilogue's factors of this thread's rows g and g + 8 (out_scale, bias), loaded now so that their
+  // round trip is spent under the main loop rather than after it, once per tile. Not at two CTAs per SM:
+  // four more registers live through the loop spill there (104 per consumer thread).
+  constexpr bool kEarlyFactors = kBlocks == 1;
+  const int g = lane >> 2;
+  float2 early[2] = {};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = rt * 16 + g + 8 * h;
+    if (kEarlyFactors && rt_ok && row < p.n) early[h] = row_factors(op.out_scale, op.bias, row);
+  }
+  auto factors = [&](int h, int row) { return kEarlyFactors ? early[h] : row_factors(op.out_scale, op.bias, row); };
 
   // The main loop, its wgmmas NW tokens wide. Grouped mode: an expert's last tile often holds far fewer
   // rows than BN (gpt-oss-120b, 8192 tokens per pass: 256 +- 16 rows per expert in 256-token tiles, so
@@ -637,10 +646,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
 
   // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
   // token 8j + 2t + e of the CTA's token tile.
-  const int g = lane >> 2, t = lane & 3;
+  const int t = lane & 3;
   const int tok0 = op.tok_begin;
   T* y = static_cast<T*>(p.y);
-  const T* bias = op.bias;
   if (p.n % 8 == 0) {
     // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
     // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
@@ -660,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       for (int h = 0; h < 2; ++h) {
         const int r = warp * 16 + g + 8 * h;  // row in the CTA
         if (r >= rows) continue;
-        const float2 fb = row_factors(op.out_scale, bias, row0 + r);
+        const float2 fb = factors(h, row0 + r);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -678,13 +686,14 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   for (int h = 0; h < 2; ++h) {
     const int row = rt * 16 + g + 8 * h;
     if (row >= p.n) continue;
-    const float2 fb = row_factors(op.out_scale, bias, row);
+    const float2 fb = factors(h, row);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tok0 + 8 * j + 2 * t + e;
-        if (tok < op.tok_end) y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
+        if (tok < op.tok_end)
+          y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
       }
   }
 #else
