@@ -60,7 +60,8 @@ struct AlignBufs {
   int* hist;  // the two-kernel form: [C][E] rows of expert e among CTA c's tokens
 };
 constexpr size_t align_ints(int experts, int pairs) {
-  return 1 + size_t(experts + 1) + 2 * size_t(experts + pairs) + 1 + 2 * size_t(pairs) + size_t(kAlignMaxCtas) * experts;
+  return 1 + size_t(experts + 1) + 2 * size_t(experts + pairs) + 1 + 2 * size_t(pairs) +
+         size_t(kAlignMaxCtas) * experts;
 }
 inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   AlignBufs b;
@@ -155,7 +156,8 @@ __device__ __forceinline__ AlignSums align_scan(AlignSums v, AlignSums& carry, A
   }
   __syncthreads();
   const AlignSums before = warp > 0 ? s_warp[warp - 1] : AlignSums{0, 0}, total = s_warp[warps - 1];
-  const AlignSums ex{carry.rows + before.rows + in.rows - v.rows, carry.entries + before.entries + in.entries - v.entries};
+  const AlignSums ex{carry.rows + before.rows + in.rows - v.rows,
+                     carry.entries + before.entries + in.entries - v.entries};
   carry = AlignSums{carry.rows + total.rows, carry.entries + total.entries};
   __syncthreads();  // s_warp is reused by the next chunk
   return ex;
@@ -249,9 +251,9 @@ __device__ __forceinline__ void zero_counters(int* counters, int n_counters) {
 
 // The whole schedule in one CTA of kAlignThreads threads (passes of few pairs). The bound names the one CTA:
 // without it ptxas fits 32 registers (two CTAs per SM) and spilled.
-__global__ void __launch_bounds__(kAlignThreads, 1) moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts,
-                                                                   int block_rows, AlignBufs b,
-                                                                   int* counters, int n_counters) {
+__global__ void __launch_bounds__(kAlignThreads, 1)
+    moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts, int block_rows, AlignBufs b, int* counters,
+                     int n_counters) {
   extern __shared__ int s_count[];  // [experts]: rows per expert, then each expert's next free row
   __shared__ AlignSums s_warp[32];
   griddep_launch_dependents();
@@ -286,8 +288,7 @@ __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_count_kernel(con
 // Second kernel: every CTA sums the counts into the schedule (CTA 0 writes it) and assigns its tokens' rows
 // after those of the CTAs before it.
 __global__ void __launch_bounds__(kAlignSplitThreads) moe_align_assign_kernel(const int32_t* ids, int pairs, int top_k,
-                                                                               int experts, int block_rows,
-                                                                               AlignBufs b) {
+                                                                               int experts, int block_rows, AlignBufs b) {
   extern __shared__ int s_cursor[];  // [experts]
   __shared__ AlignSums s_warp[32];
   griddep_launch_dependents();
