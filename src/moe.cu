@@ -266,7 +266,6 @@ struct MoEPlan {
   bool mma = false;    // ... through an mma.sync kernel (X and activations in natural order), else wgmma
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
-  int tc_max_tiles = 0;                 // token tiles the grouped prefill grids cover
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
@@ -361,11 +360,11 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
     }
-    // Every routed expert's rows in whole tiles: at most pairs / bn full tiles plus one partial per expert.
-    // The schedule's entries are these tiles (the kernels read each tile's expert and rows from them).
-    p.tc_max_tiles = (p.pairs + bn - 1) / bn + p.max_active;
+    // The schedule's entries are the token tiles (the kernels read each tile's expert and rows from them),
+    // and the grouped prefill grids cover max_entries of them: every routed expert's rows in whole tiles, at
+    // most pairs / bn full tiles plus one partial per expert.
     p.block_rows = bn;
-    p.max_entries = p.tc_max_tiles;
+    p.max_entries = (p.pairs + bn - 1) / bn + p.max_active;
     p.sms = p.tgu.sms;
   } else if (p.bf16) {
     const int n_tiles = bf16_n_tiles(a.tokens);
@@ -700,7 +699,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.tile_expert = b.active;
     g.tile_row = b.block_row;
     g.experts = E;
-    g.max_tiles = plan.tc_max_tiles;
+    g.max_tiles = plan.max_entries;
     g.base = w.data;
     g.stride = w.stride;
     g.bias = w.bias;

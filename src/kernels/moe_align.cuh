@@ -11,7 +11,7 @@
 //                      the grouped GEMMs' entries: each expert's rows in blocks of block_rows (the token
 //                      tiles: the decode kernel's, or the tensor-core path's BN; 0: one entry per expert),
 //                      in ascending expert order; block_row[n_active] = rows, so entry a holds sorted rows
-//                      [block_row[a], block_row[a + 1]) whenever block_rows > 0;
+//                      [block_row[a], block_row[a + 1]);
 //     row_of_pair[p]   the sorted row of pair p = token * top_k + slot, -1 when not routed;
 //     token_of_row[r]  the token of sorted row r;
 //   and zeroes the n_counters arrival counters of the grouped GEMMs. A pair is routed when its id is in
