@@ -162,7 +162,12 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (!config_supported(*cfg, facts.major))
     return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +
                                std::to_string(facts.major) + "." + std::to_string(facts.minor) + ")");
-  if (is_prefill(*cfg)) return plan_prefill(m, w, act, *cfg, facts.sms, plan);
+  if (is_prefill(*cfg)) {
+    FP4KIT_RETURN_IF_ERROR(plan_prefill(m, w, act, *cfg, facts.sms, plan));
+    // The wgmma kernel's launch after its lane-order pass: opt-in, as for the decode kernel (FP4KIT_PDL).
+    plan->pdl = cfg->pipeline == kWgmma && pdl_enabled(facts.major, false);
+    return Status::Ok();
+  }
   PackedLayout l;
   FP4KIT_RETURN_IF_ERROR(packed_layout(w.format, w.n, w.k, &l));
   KernelFn fn = select_kernel(w.format, act, id);

@@ -704,6 +704,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.stride = w.stride;
     g.bias = w.bias;
     g.act = a.act;
+    g.pdl = plan.pdl;
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 

@@ -337,7 +337,7 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     const void* x = static_cast<const uint8_t*>(a.x) + size_t(t0) * size_t(a.w.k) * eb;
     // X of this pass into lane order (the kernel's K order, kernels/lane_order.cuh) in the workspace.
     void* xl = ws + plan.lane_x_offset;
-    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, plan.lane_x_sms, stream, false);
+    launch_lane_order(x, nullptr, nullptr, m, l.format, l.k, l.k_pad, xl, plan.lane_x_sms, stream, plan.pdl);
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
@@ -347,8 +347,9 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits, int(tiles - split_tiles));
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
     dense_operands(a, plan, p);
-    fn<<<unsigned(tiles + split_tiles * (plan.splits - 1)), plan.threads, plan.smem_bytes, stream>>>(map, pk::NarrowX{},
-                                                                                                      wmap, p);
+    // With PDL (plan.pdl) the GEMM's CTAs start as the lane-order pass's leave and wait for X inside.
+    launch_kernel(fn, dim3(unsigned(tiles + split_tiles * (plan.splits - 1))), dim3(plan.threads), size_t(plan.smem_bytes),
+                  stream, plan.pdl, map, pk::NarrowX{}, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
@@ -431,8 +432,8 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
     CUtensorMap wmap;
     FP4KIT_RETURN_IF_ERROR(w_tensor_map(static_cast<const uint8_t*>(a.base) + l.weights_offset, l, a.experts, a.stride,
                                         &wmap));
-    reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes,
-                                                                  stream>>>(map, narrow, wmap, p);
+    launch_kernel(reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel)), dim3(unsigned(grid)), dim3(plan.threads),
+                  size_t(plan.smem_bytes), stream, a.pdl, map, narrow, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("grouped prefill launch: ") + cudaGetErrorString(e));

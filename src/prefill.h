@@ -62,6 +62,7 @@ struct GroupedPrefillArgs {
   size_t stride = 0;
   const void* bias = nullptr;        // [experts, n] or null
   DType act = DType::kBF16;
+  bool pdl = false;  // the wgmma kernel launched with programmatic dependent launch (launch.h)
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 

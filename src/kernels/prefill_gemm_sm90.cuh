@@ -459,6 +459,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   int row_block, token_tile, split, splits, tail;
   cta_tile(p, row_block, token_tile, split, splits, tail);
   CtaOperands<T> op;
+  // Programmatic dependent launch (launch.h): a grouped CTA first reads the schedule, which the previous
+  // kernels wrote; a dense one waits only where it first reads X, or the bias (below).
+  if constexpr (kGrouped) griddep_wait();
   if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
   // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
   // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
@@ -494,18 +497,33 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_w)) : "memory");
     }
     if (lane != 0) return;  // one thread issues every copy
+    // Dense: the first `pre` stages' weight records (which no kernel writes) are requested before the wait
+    // for the previous kernel (with PDL, the lane-order pass writing X), so that their DRAM round trip
+    // overlaps its end; their X halves follow the wait. (A fresh ring: those slots are free.)
+    int pre = 0;
+    if constexpr (!kGrouped) {
+      pre = min(S, s_end - s_begin);
+      for (int r = 0; r < pre; ++r) {
+        const uint32_t bar = smem_u32(&full_bar[r]);
+        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+        tma_load_w(ring + r * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * (s_begin + r), rt0, op.expert, bar);
+      }
+      griddep_wait();
+    }
     for (int s = s_begin; s < s_end; ++s) {
       const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
-      mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
       // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
       // fragments, which must not meet stale NaN bits). The records of all 8 row tiles in one copy (a
       // chunk past K and row tiles past the matrix read as zeros): per-row-tile bulk copies, eight more
       // copies per stage, kept the copy engine busier than the bytes do (docs/prefill-notes.md).
-      mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+      if (r >= pre) {
+        mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+        tma_load_w(st + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
+      }
       tma_load_x(st, map, s * kStageK, tok0, bar);
       tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
-      tma_load_w(st + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
     }
     return;
   }
@@ -524,6 +542,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   Scales<F, T> sc;
   if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
+  if constexpr (!kGrouped) griddep_wait();  // the bias may be a previous kernel's output
   // The epilogue's factors of this thread's rows g and g + 8 (out_scale, bias), loaded now so that their
   // round trip is spent under the main loop rather than after it, once per tile. Not at two CTAs per SM:
   // four more registers live through the loop spill there (104 per consumer thread).
