@@ -15,9 +15,9 @@ namespace detail {
 
 // Whether launches use PDL: a device of compute capability 9.x, and FP4KIT_PDL=1, or FP4KIT_PDL unset
 // (or neither 0 nor 1) where the caller's default is on; FP4KIT_PDL=0 turns it off everywhere. The
-// defaults: on for the fused MoE with FP4 experts and for one-wave dense prefill calls, off for the other
-// dense GEMMs and BF16 experts (README). The
-// second form asks about the current device (false where it cannot be queried).
+// defaults: on for the fused MoE with FP4 experts and for dense prefill calls of one pass and at most one
+// wave of CTAs, off for the other dense GEMMs and BF16 experts (README). The second form asks about the
+// current device (false where it cannot be queried).
 bool pdl_enabled(int cc_major, bool by_default);
 bool pdl_enabled_here(bool by_default);
 

@@ -20,6 +20,9 @@
 //   tokens >= m are never written; where n % 8 == 0 the tile leaves through shared memory in 16-byte row
 //   segments (Y 16-byte aligned, as the validator requires), else element by element. The body exists
 //   for sm_90a only (wgmma, setmaxnreg); elsewhere it traps.
+//   With or without programmatic dependent launch (launch.h): a dense CTA requests its first stages' weight
+//   records (which no kernel writes) before griddepcontrol.wait and X and the bias after it, and lets the
+//   next kernel launch once past its main loop; a grouped CTA waits before it reads the schedule.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
 //   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
