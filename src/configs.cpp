@@ -76,6 +76,10 @@ double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sm
   return kUsPerUnit * prefill_cost(c, m, n, k, sms);
 }
 
+bool prefill_pdl_default(int64_t m, int64_t pass_m, int64_t grid, int sms, int min_blocks) {
+  return pass_m >= m && grid <= int64_t(sms) * min_blocks;
+}
+
 double decode_us_17_32(int64_t n, int64_t k, Format f) {
   const double bits = 4.0 + 8.0 / group_size(f);  // per weight, with its share of a one-byte block scale
   const double us = kDecodeFixedUs + double(n) * double(k) * bits / 8.0 / (kDecodeTbps * 1e6);

@@ -285,5 +285,11 @@ double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int 
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // The decode kernel's modelled time at 17-32 tokens (the n_tiles = 4 entries), microseconds on an H200.
 double decode_us_17_32(int64_t n, int64_t k, Format f);
+// Whether a dense wgmma prefill call uses programmatic dependent launch by default (FP4KIT_PDL overrides):
+// one pass (pass_m >= m) whose grid is at most one wave of resident CTAs (SMs x min_blocks). There the
+// GEMM's launch and first weight requests, overlapped with its lane-order pass, are a large share of the
+// call (Llama-3.3-70B qkv and o at m = 64 5-7% faster on the H200); from m = 256 it measured +1% .. -4.6%
+// (docs/prefill-notes.md).
+bool prefill_pdl_default(int64_t m, int64_t pass_m, int64_t grid, int sms, int min_blocks);
 
 }  // namespace fp4kit

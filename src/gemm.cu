@@ -165,12 +165,9 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (is_prefill(*cfg)) {
     FP4KIT_RETURN_IF_ERROR(plan_prefill(m, w, act, *cfg, facts.sms, plan));
     // The wgmma kernel after its lane-order pass with programmatic dependent launch: its launch and the
-    // first stages' weight requests overlap the pass. On by default (FP4KIT_PDL overrides) where one pass
-    // of at most one wave of CTAs runs, i.e. where that start is a large part of the call: same-binary A/B
-    // on the H200 (bench/results/ab_prefill_pdl_b41afae/, Llama-3.3-70B NVFP4) qkv and o at m = 64 5-7%
-    // faster, qkv at m = 128 3%; from m = 256 (several waves or split tails) 1% faster to 4.6% slower.
-    const bool one_wave = plan->pass_m >= m && plan->grid <= int64_t(facts.sms) * cfg->min_blocks;
-    plan->pdl = cfg->pipeline == kWgmma && pdl_enabled(facts.major, one_wave);
+    // first stages' weight requests overlap the pass (configs.h, prefill_pdl_default).
+    plan->pdl = cfg->pipeline == kWgmma &&
+                pdl_enabled(facts.major, prefill_pdl_default(m, plan->pass_m, plan->grid, facts.sms, cfg->min_blocks));
     return Status::Ok();
   }
   PackedLayout l;

@@ -308,6 +308,13 @@ TEST(prefill_schedule_rule) {
         CHECK(s.split_tiles <= tiles && s.split_tiles * s.splits <= 2 * 132);
         CHECK(s.splits == 1 || (tiles - s.split_tiles) % 132 == 0);  // whole waves before the tail
       }
+  // PDL by default for one-pass, one-wave dense prefill calls (Llama-3.3-70B at m = 64 on 132 SMs):
+  CHECK(prefill_pdl_default(64, 64, 240, 132, 2));     // qkv, p64_w8_s4_b2_k8: 80 tiles x 3 splits
+  CHECK(prefill_pdl_default(64, 64, 128, 132, 1));     // o, p64_w8_s8_k8: 64 tiles split within a wave
+  CHECK(!prefill_pdl_default(64, 64, 448, 132, 2));    // gate_up, p64_w8_s4_b2: 448 tiles, two waves
+  CHECK(!prefill_pdl_default(256, 256, 244, 132, 1));  // qkv at m = 256, p128_w8_s5_k8: 132 + 28 x 4
+  CHECK(!prefill_pdl_default(70000, 35000, 100, 132, 1));  // two passes
+  CHECK(prefill_pdl_default(64, 64, 264, 132, 2) && !prefill_pdl_default(64, 64, 265, 132, 2));
   // Two CTAs per SM: a wave is 2 x 132 CTAs, and each CTA's slice costs twice BN + the smaller overhead.
   const KernelConfig& b2 = *find_config(id_of("p64_w8_s4_b2_k8"));
   CHECK(sched(b2, 64, 10240, 8192) == P(3, 80));     // 80 tiles: 240 CTAs of 6 slices, one wave (19 -> 10)
