@@ -24,7 +24,7 @@
 //   records (which no kernel writes) before griddepcontrol.wait and X and the bias after it, and lets the
 //   next kernel launch once past its main loop; a grouped CTA waits before it reads the schedule.
 //   Grouped mode (kGrouped, the MoE's tensor-core path): one launch computes every expert's product over
-//   that expert's contiguous rows of X (PrefillGroup: per-expert rows and token tiles, read on the device),
+//   that expert's contiguous rows of X (PrefillGroup: each token tile's expert and rows, read on the device),
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
 //   next expert's X rows: those columns are computed and never written. A tile of at most BN / 4 (BN / 2)
 //   valid tokens runs m64n(BN/4) (m64n(BN/2)) wgmmas on its accumulators' prefix (the main loop) and loads
@@ -500,17 +500,19 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_w)) : "memory");
     }
     if (lane != 0) return;  // one thread issues every copy
+    // Stage s's barrier expects its bytes, and its weight records are requested (into ring slot `slot`).
+    auto request_w = [&](int s, int slot) {
+      const uint32_t bar = smem_u32(&full_bar[slot]);
+      mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+      tma_load_w(ring + slot * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
+    };
     // Dense: the first `pre` stages' weight records (which no kernel writes) are requested before the wait
     // for the previous kernel (with PDL, the lane-order pass writing X), so that their DRAM round trip
     // overlaps its end; their X halves follow the wait. (A fresh ring: those slots are free.)
     int pre = 0;
     if constexpr (!kGrouped) {
       pre = min(S, s_end - s_begin);
-      for (int r = 0; r < pre; ++r) {
-        const uint32_t bar = smem_u32(&full_bar[r]);
-        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
-        tma_load_w(ring + r * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * (s_begin + r), rt0, op.expert, bar);
-      }
+      for (int r = 0; r < pre; ++r) request_w(s_begin + r, r);
       griddep_wait();
     }
     for (int s = s_begin; s < s_end; ++s) {
@@ -522,8 +524,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       // copies per stage, kept the copy engine busier than the bytes do (docs/prefill-notes.md).
       if (r >= pre) {
         mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
-        tma_load_w(st + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
+        request_w(s, slot);
       }
       tma_load_x(st, map, s * kStageK, tok0, bar);
       tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
