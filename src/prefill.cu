@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -323,6 +324,16 @@ static Status launch_prefill_mma(const GemmArgs& a, const DecodePlan& plan, cuda
   return Status::Ok();
 }
 
+// Narrow last tiles of dense BN = 64 launches can be turned off for same-build A/B runs:
+// FP4KIT_PREFILL_NARROW=0. Read once.
+static bool dense_narrow_enabled() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP4KIT_PREFILL_NARROW");
+    return !(v != nullptr && std::string(v) == "0");
+  }();
+  return env;
+}
+
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
   if (plan.cfg->pipeline == kMma) return launch_prefill_mma(a, plan, stream);
   const PackedLayout& l = plan.layout;
@@ -341,15 +352,24 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
+    // A last token tile of at most half of BN = 64 tokens runs narrow wgmmas on a narrow X box (m = 17-32 on
+    // the prefill kernel: a single such tile), as the MoE's short tiles do.
+    pk::NarrowX narrow{};
+    const bool narrow_last = bn == 64 && m - int64_t(token_tiles - 1) * bn <= bn / 2 && dense_narrow_enabled();
+    if (narrow_last) {
+      FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn / 2, &narrow.half));
+      FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn / 4, &narrow.quarter));
+    }
     // The plan's split tail, in every pass (a short last pass splits at most all of its tiles).
     const int64_t tiles = int64_t(plan.row_groups) * token_tiles;
     const int64_t split_tiles = std::min(plan.split_tiles, tiles);
     pk::PrefillParams p = shape_params(l, m, plan.row_groups, token_tiles, plan.splits, int(tiles - split_tiles));
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
+    p.narrow = narrow_last;
     dense_operands(a, plan, p);
     // With PDL (plan.pdl) the GEMM's CTAs start as the lane-order pass's leave and wait for X inside.
     launch_kernel(fn, dim3(unsigned(tiles + split_tiles * (plan.splits - 1))), dim3(plan.threads), size_t(plan.smem_bytes),
-                  stream, plan.pdl, map, pk::NarrowX{}, wmap, p);
+                  stream, plan.pdl, map, narrow, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));
@@ -419,6 +439,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
+  p.narrow = true;
   if (plan.mma) {
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);

@@ -152,6 +152,8 @@ struct PrefillParams {
   int* counters;                // splits > 1: [tiles - split_from] arrival counters, zero between calls
   float* partials;              // splits > 1: [tile - split_from][split][kAcc / 4][kConsumerThreads] float4
   PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
+  bool narrow;                  // dense BN = 64: the launch passed NarrowX maps, so a last tile of at most
+                                // BN / 2 tokens runs narrow (tile_width); grouped launches always do
 };
 
 // What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
@@ -436,15 +438,20 @@ __device__ __forceinline__ void store_staged_tile(const uint8_t* tile, T* y, int
   }
 }
 
-// Grouped mode: the tensor maps of X for tiles of at most BN / 2 and BN / 4 valid tokens (boxes {64, BN / 2}
-// and {64, BN / 4}); the launch's tmap_x has boxes of BN. Dense launches leave them unset.
+// The tensor maps of X for tiles of at most BN / 2 and BN / 4 valid tokens (boxes {64, BN / 2} and
+// {64, BN / 4}); the launch's tmap_x has boxes of BN. Grouped launches always pass them; dense BN = 64
+// launches where their last tile is narrow (PrefillParams::narrow); other dense launches leave them unset.
 struct NarrowX {
   CUtensorMap half, quarter;
 };
-// The width of a grouped tile's wgmmas and X box for its `valid` >= 1 tokens (the main loop's copies).
+// The width of a tile's wgmmas and X box for its `valid` >= 1 tokens (the main loop's copies).
 template <int BN> __device__ __forceinline__ int tile_width(int valid) {
   return valid <= BN / 4 ? BN / 4 : valid <= BN / 2 ? BN / 2 : BN;
 }
+// Which instantiations have the narrow main loops: every grouped one, and the dense BN = 64 ones (m = 17-32
+// through the prefill kernel: a single token tile of 16-32 tokens). Dense BN = 128 / 256 tiles are narrow
+// only as the last tile of a large m, a small share of the call, not worth two more copies of the loop.
+template <int BN, bool kGrouped> constexpr bool kHasNarrow = kGrouped || BN == 64;
 
 template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
 __global__ void __launch_bounds__(kThreads, kBlocks)
@@ -492,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
     // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
     // and a BN-token box moved 4x the X bytes it multiplies).
-    const int width = kGrouped ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;
+    const int width = kHasNarrow<BN, kGrouped> && p.narrow ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;
     const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
     const uint32_t x_bytes = uint32_t(2 * width * 128);
     if (lane == 0) {
@@ -616,8 +623,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     wgmma_wait<0>();
     fence_acc(acc);
   };
-  if constexpr (kGrouped) {
-    const int width = tile_width<BN>(op.tok_end - op.tok_begin);  // uniform per CTA
+  if constexpr (kHasNarrow<BN, kGrouped>) {
+    const int width = p.narrow ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;  // uniform per CTA
     if (width == BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
     else if (width == BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
     else main_loop(std::integral_constant<int, BN>{});

@@ -432,6 +432,18 @@ TEST(gemm_prefill_grid_exact_bitwise) {
         const int64_t diff = grid_exact_diff(f, m, n, k, bf16, config_id(name));
         CHECK_MSG(diff == 0, format_name(f) << " " << name << " bf16=" << bf16 << ": " << diff << " outputs differ");
       }
+  // Narrow last tiles of the dense BN = 64 entries: m64n16 / m64n32 wgmmas on a quarter / half X box, as the
+  // only tile (m = 16, 17, 32), after a whole tile (m = 80, 96), and split K (m = 20).
+  for (const char* name : {"p64_w8_s8", "p64_w8_s4_b2", "p64_w8_s8_k8"})
+    for (Format f : {Format::kNVFP4, Format::kMXFP4})
+      for (int64_t m : {16, 17, 20, 32, 80, 96}) {
+        const bool split = std::string(name).find("_k8") != std::string::npos;
+        if (split != (m == 20)) continue;
+        const int64_t n = 272, k = 2048;
+        if (split) CHECK_MSG(plan_of(m, f, n, k, config_id(name)).splits > 1, name << ": expected a split-K plan");
+        const int64_t diff = grid_exact_diff(f, m, n, k, m % 2 == 0, config_id(name));
+        CHECK_MSG(diff == 0, format_name(f) << " " << name << " narrow m=" << m << ": " << diff << " outputs differ");
+      }
   // The split tail: one wave + 8 tiles of p64 over K = 2048 run one whole-K wave, then the last 8 tiles
   // split K. A wave is every resident CTA: sms, or 2 x sms for the two-CTA entry.
   for (const char* name : {"p64_w8_s8_k8", "p64_w8_s4_b2_k8"})
