@@ -17,9 +17,10 @@ constexpr double kBnOverhead = 125.0, kBnOverheadB2 = 100.0, kRampSlices = 3.0, 
 // A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
 // are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
 constexpr double kSplitMinGain = 0.97;
-// The decode kernel at 17-32 tokens: ~kDecodeFixedUs + weight bytes / kDecodeTbps (NVFP4), MXFP4 slower
-// by kDecodeMxFactor (configs.h).
-constexpr double kDecodeFixedUs = 13.0, kDecodeTbps = 2.14, kDecodeMxFactor = 1.1;
+// The decode kernel at 9-16 tokens (n_tiles = 2 entries) and at 17-32 (n_tiles = 4): ~fixed us + weight
+// bytes / TB/s (NVFP4), MXFP4 slower by kDecodeMxFactor (configs.h).
+constexpr double kDecode16FixedUs = 7.75, kDecode16Tbps = 3.0, kDecode32FixedUs = 13.0, kDecode32Tbps = 2.14,
+                 kDecodeMxFactor = 1.1;
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t k_slices(int64_t k) { return std::max<int64_t>(1, cdiv(k, 512)); }  // = PackedLayout::k_macros
 }  // namespace
@@ -66,10 +67,17 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
   return best;
 }
 
+int prefill_width(const KernelConfig& c, int64_t m) {
+  const int bn = 8 * c.n_tiles;
+  if (c.pipeline != kWgmma || bn != 64 || m > bn / 2) return bn;
+  return m <= bn / 4 ? bn / 4 : bn / 2;
+}
+
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
-  // min_blocks CTAs share an SM: each runs a slice in about min_blocks times the time of its own work.
+  // min_blocks CTAs share an SM: each runs a slice in about min_blocks times the time of its own work. A
+  // single narrow tile per row block (m <= 32 on BN = 64) does the MMA work of its width.
   const double overhead = c.min_blocks == 1 ? kBnOverhead : kBnOverheadB2;
-  return (8.0 * c.n_tiles + overhead) * c.min_blocks * prefill_schedule(c, m, n, k, sms).slice_times;
+  return (double(prefill_width(c, m)) + overhead) * c.min_blocks * prefill_schedule(c, m, n, k, sms).slice_times;
 }
 
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {
@@ -80,9 +88,10 @@ bool prefill_pdl_default(int64_t m, int64_t pass_m, int64_t grid, int sms, int m
   return pass_m >= m && grid <= int64_t(sms) * min_blocks;
 }
 
-double decode_us_17_32(int64_t n, int64_t k, Format f) {
+double decode_us_small(int64_t m, int64_t n, int64_t k, Format f) {
   const double bits = 4.0 + 8.0 / group_size(f);  // per weight, with its share of a one-byte block scale
-  const double us = kDecodeFixedUs + double(n) * double(k) * bits / 8.0 / (kDecodeTbps * 1e6);
+  const double bytes = double(n) * double(k) * bits / 8.0;
+  const double us = m <= 16 ? kDecode16FixedUs + bytes / (kDecode16Tbps * 1e6) : kDecode32FixedUs + bytes / (kDecode32Tbps * 1e6);
   return f == Format::kMXFP4 ? us * kDecodeMxFactor : us;
 }
 
@@ -127,24 +136,6 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
     }
     return prefill;
   }
-  // 17-32 tokens, K >= 2048: whichever kernel the models make faster (see kCrossoverMinM in configs.h).
-  if (cc_major == 9 && m >= kCrossoverMinM && m < kPrefillMinM && k >= kCrossoverMinK) {
-    const int pre = pick_prefill_config(m, n, k, cc_major, sms);
-    if (pre >= 0) {
-      const KernelConfig& c = *find_config(pre);
-      const double pre_us = prefill_us(c, m, n, k, sms), dec_us = decode_us_17_32(n, k, f);
-      if (pre_us < dec_us) {
-        if (why) {
-          char buf[96];
-          std::snprintf(buf, sizeof buf, "modelled %.1f us against the decode kernel's %.1f", pre_us, dec_us);
-          *why = "m=" + std::to_string(m) + ": " + c.name + " (" + std::to_string(kCrossoverMinM) + "-" +
-                 std::to_string(kPrefillMinM - 1) + " tokens, K >= " + std::to_string(kCrossoverMinK) +
-                 ": the prefill kernel, " + buf + "; " + prefill_plan_text(c, m, n, k, sms) + ")";
-        }
-        return pre;
-      }
-    }
-  }
   const int64_t mb = m > 64 ? 64 : m;  // larger m runs in blocks of 64 tokens
   int nt = 0;
   for (int i = 0; i < kNumKernelConfigs; ++i)
@@ -171,7 +162,28 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   const bool few = rg <= kClusterMaxRowGroups ||
                    (pick->n_tiles == 1 && 8 * rg * slices <= kClusterOneTileWaveEighths * wave);
   const int twin = cluster_twin(int(pick - kKernelConfigs));
-  if (cc_major == 9 && !large && few && rg * slices <= wave && twin >= 0) {
+  const bool cluster = cc_major == 9 && !large && few && rg * slices <= wave && twin >= 0;
+  // 9-32 tokens on cc 9.x: whichever kernel the models make faster (see kCrossoverMinM in configs.h); the
+  // decode kernel's cluster mode (few row groups) is not in its model and stays.
+  if (cc_major == 9 && m >= kCrossoverMinM && m < kPrefillMinM && !cluster) {
+    const int pre = pick_prefill_config(m, n, k, cc_major, sms);
+    if (pre >= 0) {
+      const KernelConfig& c = *find_config(pre);
+      const double pre_us = prefill_us(c, m, n, k, sms), dec_us = decode_us_small(m, n, k, f);
+      if (pre_us < dec_us * kCrossoverMargin) {
+        if (why) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "modelled %.1f us against the decode kernel's %.1f", pre_us, dec_us);
+          *why = "m=" + std::to_string(m) + ": " + c.name + " (" + std::to_string(kCrossoverMinM) + "-" +
+                 std::to_string(kPrefillMinM - 1) + " tokens: the prefill kernel, m64n" +
+                 std::to_string(prefill_width(c, m)) + " wgmmas, " + buf + "; " + prefill_plan_text(c, m, n, k, sms) +
+                 ")";
+        }
+        return pre;
+      }
+    }
+  }
+  if (cluster) {
     const KernelConfig& c = kKernelConfigs[twin];
     if (why)
       *why = "m=" + std::to_string(m) + ": " + c.name + " (smallest n_tiles with 8*n_tiles >= " + std::to_string(mb) +

@@ -222,20 +222,26 @@ inline constexpr int kMmaSubWaveQuarters = 3;
 inline constexpr int64_t kClusterMaxRowGroups = 24;
 inline constexpr int64_t kClusterOneTileWaveEighths = 5;
 
-// From 17 tokens (and K >= 2048) on a cc 9.x device the two kernels are compared by model: the prefill
-// kernel's least-cost entry (prefill_us) against the decode kernel's ~13 us + weight bytes / 2.14 TB/s,
-// x 1.1 for MXFP4 (decode_us_17_32). Every config timed at m = 32 (bench/results/sweep_all_73a7e62_*_m32.json,
-// sweep_m32_eec31ce.json, sweep_mx32_2ad813a_*.json; both models fit to them) - the pick is the faster:
-// - the prefill kernel on Llama-8B down (25.7 vs 31.0 us), qkv (17.7 vs 19.3), o (14.1 vs 14.8); the tp8
-//   qkv (14.3 vs 17.1), gate_up (27.6 vs 29.5) and down (18.4 vs 19.3) shards; Llama-70B o (28.5 vs
-//   30.3) and down (72.0 vs 74.7); gpt-oss attention (13.6 vs 14.0); MXFP4 Llama-8B gate_up (45.2 vs 49.5);
-// - the decode kernel on Llama-70B qkv (35.0 vs 42.2; MXFP4 38.3 vs 41.2) and gate_up (135.3 vs 157.0),
-//   and Llama-8B gate_up NVFP4 (a tie, 45.5 vs 45.3).
-// K = 1024 (the tp8 o shard) stays on the decode kernel (9.3 vs 10.8 us: two K slices leave the prefill
-// pipeline nothing to overlap). At 16 tokens the decode kernel wins every layer (Llama-8B down 22.3 vs
-// 25.7 us), and the prefill kernel's time is the same for 17-64 tokens.
-inline constexpr int64_t kCrossoverMinM = 17;
-inline constexpr int64_t kCrossoverMinK = 2048;
+// From 9 tokens on a cc 9.x device the two kernels are compared by model: the prefill kernel's least-cost
+// entry (prefill_us; at m <= 32 its BN = 64 entries run one narrow tile per row block, m64n16 or m64n32
+// wgmmas) against the decode kernel's (decode_us_small: ~7.75 us + weight bytes / 3.0 TB/s at 9-16 tokens,
+// ~13 us + bytes / 2.14 TB/s at 17-32, x 1.1 for MXFP4), except where the decode pick is a cluster twin
+// (few row groups: its cluster mode is not in the model and is faster there). Every config timed at
+// m = 8-32 with narrow tiles (bench/results/cfg_narrow_24052bc_*.json, Llama-3.3-70B, Llama-3.1-8B, the tp8
+// shards and gpt-oss attention, NVFP4 and MXFP4; the 9-16 constants fit to the decode picks there):
+// - at 17-32 tokens the prefill kernel is the faster on every layer, by 2-35% (Llama-70B gate_up at m = 32
+//   111.8 vs 145.4 us, qkv 26.9 vs 31.5; the tp8 o shard, K = 1024, 6.8 vs 8.4);
+// - at 9-16 on most (Llama-8B gate_up 26.1 vs 29.8, the tp8 down shard 12.2-12.4 vs 14.1-14.9, Llama-70B
+//   down 47-48 vs 50-55), within 2% either way on Llama-70B o and gate_up, behind on Llama-70B qkv NVFP4
+//   (24.9-25.2 vs 23.8-24.1: the model keeps the decode kernel) and on the two cluster layers (tp8 qkv
+//   10.1-10.6 vs 7.6-7.9, gpt-oss o 8.8-9.0 vs 7.5-8.0);
+// - at 8 tokens the decode kernel's one-token-tile entries win every layer (Llama-70B down 41.3 vs 47.4).
+inline constexpr int64_t kCrossoverMinM = 9;
+// The prefill kernel is taken where its modelled time is below kCrossoverMargin x the decode kernel's: at
+// 9-16 tokens the prefill model reads 0-7% above the measured times (median over the sweep's points of each
+// BN = 64 entry), and the near-ties it decided the wrong way (Llama-8B qkv 12.1 vs 13.4 us, the tp8 gate_up
+// shard 18.9 vs 19.7, Llama-70B qkv MXFP4 24.4 vs 25.6) were the prefill kernel's.
+inline constexpr double kCrossoverMargin = 1.05;
 
 // Analytic default (cc_major: the device's compute capability major; sms: its SM count, 0 = 132, the
 // H100 SXM / H200 count). On cc 9.x from m >= kPrefillMinM: the prefill entry of least modelled time
@@ -283,8 +289,12 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // The same in microseconds on an H200 (~0.0111 us per unit, fitted at m = 32: a BN = 64 slice ~2.1 us).
 double prefill_us(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
-// The decode kernel's modelled time at 17-32 tokens (the n_tiles = 4 entries), microseconds on an H200.
-double decode_us_17_32(int64_t n, int64_t k, Format f);
+// The decode kernel's modelled time at 9-16 tokens (the n_tiles = 2 entries) and 17-32 (n_tiles = 4),
+// microseconds on an H200.
+double decode_us_small(int64_t m, int64_t n, int64_t k, Format f);
+// The token width of a prefill entry's wgmmas at m tokens: BN, or a quarter / half of BN = 64 where one
+// narrow tile per row block covers m (wgmma entries only).
+int prefill_width(const KernelConfig& c, int64_t m);
 // Whether a dense wgmma prefill call uses programmatic dependent launch by default (FP4KIT_PDL overrides):
 // one pass (pass_m >= m) whose grid is at most one wave of resident CTAs (SMs x min_blocks). There the
 // GEMM's launch and first weight requests, overlapped with its lane-order pass, are a large share of the

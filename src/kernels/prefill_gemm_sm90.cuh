@@ -28,7 +28,9 @@
 //   each CTA one expert's 128 rows x BN of its tokens; splits = 1. A tile's last rows may run into the
 //   next expert's X rows: those columns are computed and never written. A tile of at most BN / 4 (BN / 2)
 //   valid tokens runs m64n(BN/4) (m64n(BN/2)) wgmmas on its accumulators' prefix (the main loop) and loads
-//   only that many tokens of X (NarrowX: the same tensor with narrower boxes).
+//   only that many tokens of X (NarrowX: the same tensor with narrower boxes). Dense BN = 64 launches do
+//   the same for their last token tile where the launch passes NarrowX (PrefillParams::narrow): dispatch
+//   runs m = 9-32 so, one narrow tile per row block.
 //   X is read in lane order: rows k_pad long, 2-element pairs permuted inside each 64-K chunk (NVFP4) or
 //   128-K block (MXFP4) as layout::natural_pair says, pairs past K zero. The dense GEMM permutes X into
 //   the workspace first (kernels/lane_order.cuh); the MoE's gather and activation kernels write it so.

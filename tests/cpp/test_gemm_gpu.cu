@@ -576,7 +576,7 @@ TEST(gemm_prefill_deterministic) {
   }
 }
 
-// Dispatch on this device: on Hopper the decode kernel up to m = 16, the wgmma prefill kernel from
+// Dispatch on this device: on Hopper the decode kernel up to m = 8, the wgmma prefill kernel from
 // kPrefillMinM on and from kCrossoverMinM where the models make it faster (8192 x 8192 on 128+ SMs); on
 // sm_80-89 the mma.sync prefill kernel from kMmaPrefillMinM on; and the workspace query agrees with the plan.
 TEST(gemm_dispatch_by_m) {

@@ -157,31 +157,35 @@ TEST(missing_table_file) {
 TEST_MAIN()
 
 TEST(analytic_default_rule) {
-  // Smallest n_tiles covering m, its first entry; on layers of >= 2^28 weights the most row tiles per warp.
+  // Smallest n_tiles covering m, its first entry; on layers of >= 2^28 weights the most row tiles per warp
+  // (Ampere's rule up to 64 tokens; Hopper's from 9 tokens where the decode kernel's model wins).
   CHECK_EQ(pick_config(1, 8192, 8192), id_of("m8_r1_w8_b3_c8x1"));
-  CHECK_EQ(pick_config(16, 8192, 8192), id_of("m16_r1_w8_b2_c8x2"));
-  CHECK_EQ(pick_config(9, 8192, 28672), id_of("m16_r1_w8_b2_c8x2"));   // 2^27.8 weights
-  CHECK_EQ(pick_config(16, 57344, 8192), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
+  CHECK_EQ(pick_config(16, 8192, 8192, nullptr, 8), id_of("m16_r1_w8_b2_c8x2"));
+  CHECK_EQ(pick_config(9, 8192, 28672, nullptr, 8), id_of("m16_r1_w8_b2_c8x2"));   // 2^27.8 weights
+  CHECK_EQ(pick_config(16, 57344, 8192, nullptr, 8), id_of("m16_r2_w8_b2_c4x2"));  // 2^28.8 weights
+  CHECK_EQ(pick_config(16, 10240, 8192), id_of("m16_r1_w8_b2_c8x2"));              // Hopper, 2^26.3
   // 32 tokens per launch: two row tiles from 2^27 weights (Ampere; on Hopper see analytic_default_split_k).
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 8), id_of("m32_r1_w8_b2_c4x2"));   // 2^26
   CHECK_EQ(pick_config(32, 8192, 28672, nullptr, 8), id_of("m32_r2_w8_b2_c2x2"));  // 2^27.8
   CHECK_EQ(pick_config(17, 4096, 14336, nullptr, 8), id_of("m32_r1_w8_b2_c4x2"));  // 2^25.8
-  CHECK_EQ(pick_config(32, 57344, 8192), id_of("m32_r2_w8_b2_c2x2"));  // Hopper, more than one wave
+  CHECK_EQ(pick_config(32, 57344, 8192, nullptr, 8), id_of("m32_r2_w8_b2_c2x2"));  // 2^28.8
   CHECK_EQ(pick_config(64, 100, 64, nullptr, 8), id_of("m64_r2_w8_b1_c8x1"));     // Ampere (Hopper: prefill)
   CHECK(find_config(pick_config(1000, 100, 64, nullptr, 8))->pipeline == kMma);    // Ampere: mma.sync prefill
   std::string why;
-  pick_config(16, 57344, 8192, &why);
+  pick_config(16, 57344, 8192, &why, 8);
   CHECK(why.find("most row tiles per warp") != std::string::npos);
   // Hopper, few row groups whose units fit one wave: the cluster twin (m <= 16); Ampere: never.
   CHECK_EQ(pick_config(1, 1280, 8192), id_of("m8_r1_w8_b3_c8x1_cl"));     // 10 row groups x 16 slices
   CHECK_EQ(pick_config(16, 2880, 4096), id_of("m16_r1_w8_b2_c8x2_cl"));   // 23 x 8 <= 264
   CHECK_EQ(pick_config(1, 1280, 8192, nullptr, 8), id_of("m8_r1_w8_b3_c8x1"));
   CHECK_EQ(pick_config(1, 4096, 4096), id_of("m8_r1_w8_b3_c8x1"));         // 32 x 8 > 5/8 of 396
-  // One-token tiles: more row groups where the units fit 5/8 of a wave; 16 tokens: not.
+  // One-token tiles: more row groups where the units fit 5/8 of a wave; 16 tokens: not (there the prefill
+  // kernel's narrow tiles are modelled faster).
   CHECK_EQ(pick_config(1, 8192, 1024), id_of("m8_r1_w8_b3_c8x1_cl"));     // 64 x 2 = 128
   CHECK_EQ(pick_config(8, 5120, 2880), id_of("m8_r1_w8_b3_c8x1_cl"));     // 40 x 6 = 240 <= 247
-  CHECK_EQ(pick_config(16, 8192, 1024), id_of("m16_r1_w8_b2_c8x2"));
-  CHECK_EQ(pick_config(16, 5120, 2880), id_of("m16_r1_w8_b2_c8x2"));
+  CHECK_EQ(pick_config(16, 8192, 1024), id_of("p64_w8_s8"));
+  CHECK_EQ(pick_config(16, 5120, 2880), id_of("p64_w8_s8_k8"));
+  CHECK_EQ(pick_config(16, 8192, 1024, nullptr, 8), id_of("m16_r1_w8_b2_c8x2"));
   CHECK_EQ(pick_config(1, 8192, 1024, nullptr, 9, 50), id_of("m8_r1_w8_b3_c8x1"));  // 128 > 5/8 of 150
   pick_config(1, 8192, 1024, &why);
   CHECK(why.find("5/8 of it") != std::string::npos);
@@ -198,42 +202,56 @@ TEST(analytic_default_rule) {
 }
 
 TEST(analytic_default_split_k) {
-  // Hopper, 17-32 tokens, K >= 2048: the kernel the models make faster (prefill_us, decode_us_17_32).
-  CHECK_EQ(kCrossoverMinM, 17);
+  // Hopper, 9-32 tokens: the kernel the models make faster (prefill_us with narrow tiles at m <= 32,
+  // decode_us_small), the decode kernel's cluster twins kept.
+  CHECK_EQ(kCrossoverMinM, 9);
   CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
   CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
   CHECK_EQ(pick_config(32, 1280, 8192), id_of("p64_w8_s8_k8"));    // 10 tiles x 8 splits
   CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s4_b2_k8"));  // 64 tiles x 4 splits, two CTAs per SM
-  CHECK_EQ(pick_config(32, 10240, 8192), id_of("m32_r1_w8_b2_c4x2"));  // 80 tiles x 3 splits: two waves
+  CHECK_EQ(pick_config(32, 10240, 8192), id_of("p64_w8_s4_b2_k8"));  // 80 tiles x 3 splits, m64n32
   CHECK_EQ(pick_config(32, 28672, 4096), id_of("p64_w8_s4_b2"));  // 224 tiles: one wave of two CTAs per SM
-  CHECK_EQ(pick_config(32, 8192, 1024), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
-  CHECK_EQ(pick_config(16, 4096, 14336), id_of("m16_r1_w8_b2_c8x2"));  // 16 tokens: decode
-  CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("m32_r1_w8_b2_c4x2"));  // 128 CTAs > 100 SMs
+  CHECK_EQ(pick_config(32, 8192, 1024), id_of("p64_w8_s8"));       // K = 1024: 64 whole-K tiles
+  CHECK_EQ(pick_config(16, 4096, 14336), id_of("p64_w8_s8_k8"));   // 16 tokens: m64n16
+  CHECK_EQ(pick_config(16, 10240, 8192), id_of("m16_r1_w8_b2_c8x2"));  // the decode kernel's model is faster
+  CHECK_EQ(pick_config(9, 1280, 8192), id_of("m16_r1_w8_b2_c8x2_cl"));  // 10 row groups: the cluster twin
+  CHECK_EQ(pick_config(8, 8192, 8192), id_of("m8_r1_w8_b3_c8x1"));  // below kCrossoverMinM: decode
+  CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 100), id_of("p64_w8_s4_b2_k8"));  // 128 CTAs > 100 SMs
+  CHECK_EQ(pick_config(16, 8192, 8192, nullptr, 9, 100), id_of("m16_r1_w8_b2_c8x2"));
   // MXFP4: the decode kernel's model is 1.1x the NVFP4 one, so the prefill kernel takes more layers.
   const Format mx = Format::kMXFP4;
   CHECK_EQ(pick_config(32, 28672, 4096, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2"));       // 224 tiles
   CHECK_EQ(pick_config(32, 10240, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2_k8"));    // 80 tiles x 3 splits
   CHECK_EQ(pick_config(32, 8192, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s8_k8"));        // one wave
   CHECK_EQ(pick_config(32, 57344, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2"));       // 448 tiles
-  CHECK_EQ(pick_config(32, 8192, 1024, nullptr, 9, 0, mx), id_of("m32_r1_w8_b2_c4x2"));   // K < 2048
+  CHECK_EQ(pick_config(16, 10240, 8192, nullptr, 9, 0, mx), id_of("p64_w8_s4_b2_k8"));    // within the margin
   CHECK_EQ(dispatch_config(mx, DType::kBF16, 32, 28672, 4096, kDev), id_of("p64_w8_s4_b2"));
   std::string why;
   pick_config(32, 8192, 8192, &why);
-  CHECK_MSG(why.find("the prefill kernel, modelled") != std::string::npos, why);
-  CHECK(prefill_us(*find_config(id_of("p64_w8_s8_k8")), 32, 8192, 8192, 132) < decode_us_17_32(8192, 8192, Format::kNVFP4));
-  CHECK(decode_us_17_32(8192, 8192, mx) > decode_us_17_32(8192, 8192, Format::kNVFP4));
+  CHECK_MSG(why.find("the prefill kernel, m64n32 wgmmas, modelled") != std::string::npos, why);
+  pick_config(16, 8192, 8192, &why);
+  CHECK_MSG(why.find("m64n16") != std::string::npos, why);
+  CHECK(prefill_us(*find_config(id_of("p64_w8_s8_k8")), 32, 8192, 8192, 132) < decode_us_small(32, 8192, 8192, Format::kNVFP4));
+  CHECK(decode_us_small(32, 8192, 8192, mx) > decode_us_small(32, 8192, 8192, Format::kNVFP4));
+  CHECK(decode_us_small(16, 8192, 8192, Format::kNVFP4) < decode_us_small(17, 8192, 8192, Format::kNVFP4));
+  // Narrow widths: BN = 64 wgmma entries at one tile of <= 16 / <= 32 tokens; never the others.
+  CHECK_EQ(prefill_width(*find_config(id_of("p64_w8_s8")), 9), 16);
+  CHECK_EQ(prefill_width(*find_config(id_of("p64_w8_s4_b2")), 17), 32);
+  CHECK_EQ(prefill_width(*find_config(id_of("p64_w8_s8")), 33), 64);
+  CHECK_EQ(prefill_width(*find_config(id_of("p128_w8_s5")), 16), 128);
 }
 
 TEST(analytic_default_prefill) {
-  // Hopper: the decode kernel up to m = 16, the wgmma prefill kernel from kPrefillMinM on and from
-  // kCrossoverMinM where the models make it faster; Ampere / Ada: the decode kernel up to 64 tokens, the
+  // Hopper: the decode kernel up to m = 8, the wgmma prefill kernel from kPrefillMinM on and from
+  // kCrossoverMinM where the models make it faster (every n here from 17 tokens; at 16 tokens n = 128, one
+  // row group, keeps the decode kernel's cluster twin); Ampere / Ada: the decode kernel up to 64 tokens, the
   // mma.sync prefill kernel from kMmaPrefillMinM on.
   CHECK_EQ(kPrefillMinM, 33);
   CHECK_EQ(kMmaPrefillMinM, 65);
   for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128, 1000, 16384})
     for (int64_t n : {128, 8192, 57344}) {
       const KernelConfig& hopper = *find_config(pick_config(m, n, 8192));
-      CHECK_EQ(is_prefill(hopper), m >= kPrefillMinM || (m >= kCrossoverMinM && n <= 8192));
+      CHECK_EQ(is_prefill(hopper), m >= 17 || (m >= kCrossoverMinM && n >= 8192));
       CHECK(!is_prefill(hopper) || hopper.pipeline == kWgmma);
       const KernelConfig& ampere = *find_config(pick_config(m, n, 8192, nullptr, 8, 108));
       // n = 8192 up to one 128-token tile on 108 SMs: 64 whole-K CTAs (the model's plan), the sub-wave rule's
