@@ -311,15 +311,15 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     *tc = a.tokens > kMoEBF16PassTokens || a.tokens == 1 || avg_rows >= 8;
   } else {
     // kAuto: the decode path while one pass holds the tokens and its token tiles for them stay narrow
-    // (fp4kit/moe.h). The wgmma kernel from 32-token decode tiles (experts averaging ~9 or more rows):
-    // both paths on five models at T = 16-256 (bench/results/moe_crossover_40be328/, docs/moe-notes.md),
-    // where the decode kernel needs 32- or 64-token tiles it takes 1.12-1.8x the wgmma path's time, with
-    // 16-token tiles (4-8 rows per expert) wgmma takes 0.94-1.12x decode's, with fewer rows 1.2-1.4x. The
-    // mma.sync kernel (devices without sm_90a code; not measured at these points) from the widest tiles and
-    // kMoETensorCoreMinTokens, as before that run.
+    // (fp4kit/moe.h). The wgmma kernel from 16-token decode tiles (experts averaging ~3.3 or more rows):
+    // both paths forced on five models, two rounds (bench/results/moe_paths_2d64da5/, docs/moe-notes.md):
+    // at 4-8 rows per expert (16-token tiles) the wgmma path takes 0.85-0.92x the decode path's time with
+    // MXFP4 and 0.93-1.00x with NVFP4, at 2-3 rows (8-token tiles) 1.08-1.23x; from 32-token tiles it was
+    // 0.56-0.89x already (bench/results/moe_crossover_40be328/). The mma.sync kernel (devices without sm_90a
+    // code; not measured at these points) from the widest tiles and kMoETensorCoreMinTokens.
     const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
     const int n_tiles = fp4_decode_n_tiles(pairs, std::min(a.num_experts, pairs));
-    const bool wide = wgmma ? n_tiles >= 4 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
+    const bool wide = wgmma ? n_tiles >= 2 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
     *tc = fp4 && (a.tokens > kMoEDecodePassTokens || wide);
   }
   *mma = *tc && (!fp4 || !wgmma);  // BF16 experts: mma.sync only

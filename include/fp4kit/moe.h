@@ -98,7 +98,7 @@ struct ExpertWeights {
 
 enum class MoEPath : int {
   kAuto = 0,        // FP4 experts: tensor core where T > kMoEDecodePassTokens, or where the decode path
-                    // would need 32- or 64-token tiles (experts averaging about 9 or more rows of the
+                    // would need 16-token or wider tiles (experts averaging about 3.3 or more rows of the
                     // pass) and the wgmma kernel runs (sm_90a); where the tensor-core path is mma.sync,
                     // only from the widest (64-token) tiles and T >= kMoETensorCoreMinTokens; else
                     // decode. BF16 experts: tensor core where T > kMoEBF16PassTokens, T = 1, or experts

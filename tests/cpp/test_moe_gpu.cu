@@ -824,16 +824,19 @@ TEST(moe_auto_path_rule) {
   const std::vector<P> cases = {
       {1, 128, 4, false, D, D},
       {63, 4, 2, false, C, D},     // 31.5 rows per expert; mma.sync: below kMoETensorCoreMinTokens
-      {256, 128, 4, false, D, D},  // gpt-oss-120b: one pass, 8 rows per expert
+      {96, 128, 4, false, D, D},   // gpt-oss-120b: 3 rows per expert (8-token decode tiles)
+      {128, 128, 4, false, C, D},  // 4 rows (16-token tiles)
+      {256, 128, 4, false, C, D},  // one pass, 8 rows per expert
       {257, 128, 4, false, C, C},  // two passes
-      {32, 8, 2, false, D, D},     // Mixtral: 8 rows per expert
-      {48, 8, 2, false, C, D},     // 12 rows
+      {12, 8, 2, false, D, D},     // Mixtral: 3 rows per expert
+      {16, 8, 2, false, C, D},     // 4 rows
+      {32, 8, 2, false, C, D},     // 8 rows
       {64, 8, 2, false, C, D},     // 16 rows
       {128, 8, 2, false, C, C},    // 32 rows
-      {128, 128, 8, false, D, D},  // Qwen3-30B-A3B: 8 rows
-      {192, 128, 8, false, C, D},  // 12 rows
-      {64, 32, 4, false, D, D},    // gpt-oss-20b: 8 rows
-      {96, 32, 4, false, C, D},    // 12 rows
+      {48, 128, 8, false, D, D},   // Qwen3-30B-A3B: 3 rows
+      {128, 128, 8, false, C, D},  // 8 rows
+      {24, 32, 4, false, D, D},    // gpt-oss-20b: 3 rows
+      {64, 32, 4, false, C, D},    // 8 rows
       {1, 128, 4, true, C, C},  {2, 128, 4, true, D, D},
       {64, 128, 4, true, D, D},   // 2 rows per expert
       {16, 8, 2, true, D, D},     // 4
