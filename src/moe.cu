@@ -314,7 +314,7 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     // (fp4kit/moe.h). The wgmma kernel from 16-token decode tiles (experts averaging ~3.3 or more rows):
     // both paths forced on five models, two rounds (bench/results/moe_paths_2d64da5/, docs/moe-notes.md):
     // at 4-8 rows per expert (16-token tiles) the wgmma path takes 0.85-0.92x the decode path's time with
-    // MXFP4 and 0.93-1.00x with NVFP4, at 2-3 rows (8-token tiles) 1.08-1.23x; from 32-token tiles it was
+    // MXFP4 and 0.91-1.00x with NVFP4, at 2-3 rows (8-token tiles) 1.08-1.23x; from 32-token tiles it was
     // 0.56-0.89x already (bench/results/moe_crossover_40be328/). The mma.sync kernel (devices without sm_90a
     // code; not measured at these points) from the widest tiles and kMoETensorCoreMinTokens.
     const int pairs = int(std::min(a.tokens, kMoEDecodePassTokens)) * a.top_k;
