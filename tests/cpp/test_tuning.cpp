@@ -239,6 +239,12 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(prefill_width(*find_config(id_of("p64_w8_s4_b2")), 17), 32);
   CHECK_EQ(prefill_width(*find_config(id_of("p64_w8_s8")), 33), 64);
   CHECK_EQ(prefill_width(*find_config(id_of("p128_w8_s5")), 16), 128);
+  CHECK_EQ(prefill_width(*find_config(id_of("a64_w8_s4")), 16), 64);  // mma.sync: no narrow loops
+  // The modelled cost follows the width: one 16-, 32- and 64-token tile of the same plan.
+  const KernelConfig& p64 = *find_config(id_of("p64_w8_s8"));
+  CHECK(prefill_cost(p64, 16, 8192, 8192, 132) < prefill_cost(p64, 17, 8192, 8192, 132));
+  CHECK(prefill_cost(p64, 32, 8192, 8192, 132) < prefill_cost(p64, 33, 8192, 8192, 132));
+  CHECK_EQ(prefill_cost(p64, 33, 8192, 8192, 132), prefill_cost(p64, 64, 8192, 8192, 132));
 }
 
 TEST(analytic_default_prefill) {
