@@ -219,7 +219,8 @@ def test_tuning_table_round_trip(tmp_path):
     fp4kit.load_tuning_table(str(path))
     try:
         assert fp4kit.dispatch_config("nvfp4", "bfloat16", 9, 8192, 8192, "NVIDIA H200").startswith("m16_r1_w8_b3_c4x2: tuning table")
-        assert "smallest n_tiles" in fp4kit.dispatch_config("nvfp4", "bfloat16", 9, 8192, 8192, "NVIDIA A100-SXM4-80GB")
+        assert "smallest n_tiles" in fp4kit.dispatch_config("nvfp4", "bfloat16", 9, 8192, 8192, "NVIDIA A100-SXM4-80GB",
+                                                            cc_major=8, sms=108)
         path.write_text("fp4kit-tuning 1\ndevice X\nnvfp4 bf16 8192 8192 16 no_such_config\n")
         with pytest.raises(ValueError, match="line 3: 'no_such_config' is not a config"):
             fp4kit.load_tuning_table(str(path))
