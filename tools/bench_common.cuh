@@ -107,6 +107,23 @@ inline void prepack_random(Format f, int64_t n, int64_t k, uint8_t* packed, uint
   CKS(prepack_gpu(a, nullptr));
 }
 
+// `copies` copies of a prepacked weight of layout l, straight in the prepacked layout: random codes and
+// block scales (fill_bytes, fill_scales: NVFP4 E4M3 codes for an NVFP4 layout) and a constant out_scale of
+// 1e-3 (the timeline tools: the values only have to be finite and not zero). The caller frees them.
+inline std::vector<void*> random_prepacked_copies(const PackedLayout& l, int copies) {
+  std::vector<void*> wp(static_cast<size_t>(copies));
+  const std::vector<float> out_scale(l.out_scale_bytes / sizeof(float), 1e-3f);
+  for (size_t c = 0; c < wp.size(); ++c) {
+    uint8_t* p = nullptr;
+    CK(cudaMalloc(&p, l.total_bytes));
+    launch_fill(fill_bytes, p + l.weights_offset, l.weights_bytes, uint32_t(c + 1));
+    launch_fill(fill_scales, p + l.scales_offset, l.scales_bytes, uint32_t(c + 101), int(l.format == Format::kNVFP4));
+    CK(cudaMemcpy(p + l.out_scale_offset, out_scale.data(), out_scale.size() * sizeof(float), cudaMemcpyHostToDevice));
+    wp[c] = p;
+  }
+  return wp;
+}
+
 // Fill a 16-bit buffer of the benchmark's activation dtype.
 void fill16(void* p, size_t n, uint32_t seed, bool bf16) {
   if (bf16) launch_fill(fill_act<__nv_bfloat16>, static_cast<__nv_bfloat16*>(p), n, seed);

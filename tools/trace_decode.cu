@@ -162,16 +162,7 @@ int main(int argc, char** argv) {
     CKS(packed_layout(Format::kNVFP4, n, k, &l));
     const int copies = int(std::max<size_t>(2, (2 * size_t(prop.l2CacheSize)) / l.total_bytes + 2));
     // Random codes, E4M3 scales and small activations (bench_common's fills); out_scale a constant.
-    std::vector<void*> wp(copies);
-    const std::vector<float> out_scale(l.out_scale_bytes / sizeof(float), 1e-3f);
-    for (size_t c = 0; c < wp.size(); ++c) {
-      uint8_t* p = nullptr;
-      CK(cudaMalloc(&p, l.total_bytes));
-      launch_fill(fill_bytes, p + l.weights_offset, l.weights_bytes, uint32_t(c + 1));
-      launch_fill(fill_scales, p + l.scales_offset, l.scales_bytes, uint32_t(c + 101), 1);
-      CK(cudaMemcpy(p + l.out_scale_offset, out_scale.data(), out_scale.size() * sizeof(float), cudaMemcpyHostToDevice));
-      wp[c] = p;
-    }
+    const std::vector<void*> wp = random_prepacked_copies(l, copies);
     void *x = nullptr, *y = nullptr;
     CK(cudaMalloc(&x, size_t(m) * k * 2));
     CK(cudaMalloc(&y, size_t(m) * n * 2));

@@ -455,7 +455,38 @@ template <int BN> __device__ __forceinline__ int tile_width(int valid) {
 // only as the last tile of a large m, a small share of the call, not worth two more copies of the loop.
 template <int BN, bool kGrouped> constexpr bool kHasNarrow = kGrouped || BN == 64;
 
-template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1>
+// ---- Optional timeline (tools/trace_prefill.cu instantiates kTrace = 1 with FP4KIT_PREFILL_TRACE defined;
+// the library instantiates kTrace = 0 only, where every hook is empty). Per CTA a record of kTraceRecord
+// values: [0] the SM, then clock64 at [1] entry, [2] past the main loop, [3] before the epilogue (the last
+// split only); then per ring position r < kTraceStages, kTraceEvents values: consumer warpgroup w's first
+// thread when the stage's data is there (2w) and when its last wgmma group of the stage is issued and the
+// group before it retired (2w + 1), and the producer when it requests the stage's weight records (4).
+constexpr int kTraceStages = 64, kTraceHeader = 4, kTraceEvents = 5;
+constexpr int kTraceRecord = kTraceHeader + kTraceStages * kTraceEvents;
+#ifdef FP4KIT_PREFILL_TRACE
+__device__ unsigned long long* g_prefill_trace;  // [gridDim.x][kTraceRecord], or null: no timestamps
+#endif
+template <int kTrace> __device__ __forceinline__ void trace_at(int slot, bool smid = false) {
+#ifdef FP4KIT_PREFILL_TRACE
+  if constexpr (kTrace != 0) {
+    if (!g_prefill_trace) return;
+    unsigned long long v;
+    if (smid) {
+      unsigned id;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+      v = id;
+    } else {
+      v = clock64();
+    }
+    g_prefill_trace[size_t(blockIdx.x) * kTraceRecord + slot] = v;
+  }
+#endif
+}
+template <int kTrace> __device__ __forceinline__ void trace_stage(int r, int event) {
+  if (r < kTraceStages) trace_at<kTrace>(kTraceHeader + r * kTraceEvents + event);
+}
+
+template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1, int kTrace = 0>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
                         const __grid_constant__ CUtensorMap tmap_w, const PrefillParams p) {
@@ -470,6 +501,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
   int row_block, token_tile, split, splits, tail;
   cta_tile(p, row_block, token_tile, split, splits, tail);
+  if (threadIdx.x == 0) {
+    trace_at<kTrace>(0, true);
+    trace_at<kTrace>(1);
+  }
   CtaOperands<T> op;
   // Programmatic dependent launch (launch.h): a grouped CTA first reads the schedule, which the previous
   // kernels wrote; a dense one waits only where it first reads X, or the bias (below).
@@ -511,6 +546,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     if (lane != 0) return;  // one thread issues every copy
     // Stage s's barrier expects its bytes, and its weight records are requested (into ring slot `slot`).
     auto request_w = [&](int s, int slot) {
+      trace_stage<kTrace>(s - s_begin, 4);
       const uint32_t bar = smem_u32(&full_bar[slot]);
       mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
       tma_load_w(ring + slot * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
@@ -588,6 +624,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
         if (s >= n_stages) break;  // uniform: only the last slice may be short
         const int r = s - s_begin, slot = r % S;
         mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
+        if ((threadIdx.x & 127) == 0) trace_stage<kTrace>(r, 2 * (warp >> 2));
         const uint32_t st = ring + slot * G::kStage;
         const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
         const uint64_t desc0 = sw128_desc(st);
@@ -612,6 +649,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
           wgmma_commit();
           fence_acc(acc);
           wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
+          if (i == kStageChunks - 1 && (threadIdx.x & 127) == 0) trace_stage<kTrace>(r, 2 * (warp >> 2) + 1);
           if (i == 0 && r > 0) {
             // That group was stage s-1's last: hand its slot back to the producer.
             // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
@@ -639,6 +677,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // tp8 shards at m = 48-64), larger calls unchanged; the fused MoE's GEMMs 0-3.5% slower with it (Qwen3-30B-A3B
   // at T = 8192), so not in grouped mode.
   if constexpr (!kGrouped) griddep_launch_dependents();
+  if (threadIdx.x == 0) trace_at<kTrace>(2);
 
   // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
   // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
@@ -682,6 +721,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     if (ct == 0) p.counters[tile] = 0;  // leave the workspace as we found it
   }
 
+  if (threadIdx.x == 0) trace_at<kTrace>(3);
   // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
   // token 8j + 2t + e of the CTA's token tile.
   const int t = lane & 3;
