@@ -165,11 +165,17 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
   const bool cluster = cc_major == 9 && !large && few && rg * slices <= wave && twin >= 0;
   // 9-32 tokens on cc 9.x: whichever kernel the models make faster (see kCrossoverMinM in configs.h); the
   // decode kernel's cluster mode (few row groups) is not in its model and stays.
+  std::string kept;  // why the decode kernel stays in that band (appended to its explanation)
   if (cc_major == 9 && m >= kCrossoverMinM && m < kPrefillMinM && !cluster) {
     const int pre = pick_prefill_config(m, n, k, cc_major, sms);
     if (pre >= 0) {
       const KernelConfig& c = *find_config(pre);
       const double pre_us = prefill_us(c, m, n, k, sms), dec_us = decode_us_small(m, n, k, f);
+      if (why) {
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "; modelled %.1f us against the prefill kernel's %.1f (%s)", dec_us, pre_us, c.name);
+        kept = buf;
+      }
       if (pre_us < dec_us * kCrossoverMargin) {
         if (why) {
           char buf[96];
@@ -200,7 +206,8 @@ int pick_config(int64_t m, int64_t n, int64_t k, std::string* why, int cc_major,
            (mma_sub_wave ? " (one whole-K token tile of mma.sync CTAs would fill less than " +
                                std::to_string(kMmaSubWaveQuarters) + "/4 of the SMs)"
                          : "") +
-           (large ? "; >= 2^" + std::to_string(large_log2) + " weights: most row tiles per warp" : "; first entry") + ")";
+           (large ? "; >= 2^" + std::to_string(large_log2) + " weights: most row tiles per warp" : "; first entry") + kept +
+           ")";
   return pick->id;
 }
 

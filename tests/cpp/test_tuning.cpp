@@ -231,6 +231,8 @@ TEST(analytic_default_split_k) {
   CHECK_MSG(why.find("the prefill kernel, m64n32 wgmmas, modelled") != std::string::npos, why);
   pick_config(16, 8192, 8192, &why);
   CHECK_MSG(why.find("m64n16") != std::string::npos, why);
+  pick_config(16, 10240, 8192, &why);  // the decode kernel kept: its explanation gives both models
+  CHECK_MSG(why.find("against the prefill kernel's") != std::string::npos, why);
   CHECK(prefill_us(*find_config(id_of("p64_w8_s8_k8")), 32, 8192, 8192, 132) < decode_us_small(32, 8192, 8192, Format::kNVFP4));
   CHECK(decode_us_small(32, 8192, 8192, mx) > decode_us_small(32, 8192, 8192, Format::kNVFP4));
   CHECK(decode_us_small(16, 8192, 8192, Format::kNVFP4) < decode_us_small(17, 8192, 8192, Format::kNVFP4));
