@@ -229,8 +229,8 @@ inline constexpr int64_t kClusterOneTileWaveEighths = 5;
 // (few row groups: its cluster mode is not in the model and is faster there). Every config timed at
 // m = 8-32 with narrow tiles (bench/results/cfg_narrow_24052bc_*.json, Llama-3.3-70B, Llama-3.1-8B, the tp8
 // shards and gpt-oss attention, NVFP4 and MXFP4; the 9-16 constants fit to the decode picks there):
-// - at 17-32 tokens the prefill kernel is the faster on every layer, by 2-35% (Llama-70B gate_up at m = 32
-//   111.8 vs 145.4 us, qkv 26.9 vs 31.5; the tp8 o shard, K = 1024, 6.8 vs 8.4);
+// - at 17-32 tokens the prefill kernel is the faster on every layer, by 11-41% (36 points at m = 24 and 32;
+//   Llama-70B gate_up at m = 32 111.8 vs 145.4 us, qkv 26.9 vs 31.5; the tp8 o shard, K = 1024, 6.8 vs 8.4);
 // - at 9-16 on most (Llama-8B gate_up 26.1 vs 29.8, the tp8 down shard 12.2-12.4 vs 14.1-14.9, Llama-70B
 //   down 47-48 vs 50-55), within 2% either way on Llama-70B o and gate_up, behind on Llama-70B qkv NVFP4
 //   (24.9-25.2 vs 23.8-24.1: the model keeps the decode kernel) and on the two cluster layers (tp8 qkv
