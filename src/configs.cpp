@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "kernels/decode_layout.h"
+
 namespace fp4kit {
 
 namespace {
@@ -69,8 +71,7 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
 
 int prefill_width(const KernelConfig& c, int64_t m) {
   const int bn = 8 * c.n_tiles;
-  if (c.pipeline != kWgmma || bn != 64 || m > bn / 2) return bn;
-  return m <= bn / 4 ? bn / 4 : bn / 2;
+  return c.pipeline == kWgmma && bn == layout::kDenseNarrowBn ? layout::tile_width(bn, m) : bn;
 }
 
 double prefill_cost(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms) {

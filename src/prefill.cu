@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -324,16 +323,6 @@ static Status launch_prefill_mma(const GemmArgs& a, const DecodePlan& plan, cuda
   return Status::Ok();
 }
 
-// Narrow last tiles of dense BN = 64 launches can be turned off for same-build A/B runs:
-// FP4KIT_PREFILL_NARROW=0. Read once.
-static bool dense_narrow_enabled() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP4KIT_PREFILL_NARROW");
-    return !(v != nullptr && std::string(v) == "0");
-  }();
-  return env;
-}
-
 Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t stream) {
   if (plan.cfg->pipeline == kMma) return launch_prefill_mma(a, plan, stream);
   const PackedLayout& l = plan.layout;
@@ -352,10 +341,11 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     CUtensorMap map;
     FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn, &map));
     const int token_tiles = int((m + bn - 1) / bn);
-    // A last token tile of at most half of BN = 64 tokens runs narrow wgmmas on a narrow X box (m = 17-32 on
-    // the prefill kernel: a single such tile), as the MoE's short tiles do.
+    // A short last token tile runs narrow wgmmas on a narrow X box (layout::tile_width; m = 9-32: a single
+    // such tile), as the MoE's short tiles do: its two narrow maps only then.
     pk::NarrowX narrow{};
-    const bool narrow_last = bn == 64 && m - int64_t(token_tiles - 1) * bn <= bn / 2 && dense_narrow_enabled();
+    const bool narrow_last =
+        bn == layout::kDenseNarrowBn && layout::tile_width(bn, m - int64_t(token_tiles - 1) * bn) < bn;
     if (narrow_last) {
       FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn / 2, &narrow.half));
       FP4KIT_RETURN_IF_ERROR(x_tensor_map(xl, l.k_pad, m, a.act, bn / 4, &narrow.quarter));
@@ -439,7 +429,6 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
-  p.narrow = true;
   if (plan.mma) {
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);

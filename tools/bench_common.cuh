@@ -130,7 +130,10 @@ void fill16(void* p, size_t n, uint32_t seed, bool bf16) {
   else launch_fill(fill_act<__half>, static_cast<__half*>(p), n, seed);
 }
 
-double median(std::vector<float> v) {
+// The median of v (the mean of the two middle values for an even count); 0 for none.
+template <typename V>
+double median(std::vector<V> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }

@@ -43,12 +43,6 @@ Fn trace_kernel() {
   return &kernels::decode_gemm_kernel<Format::kNVFP4, __nv_bfloat16, NT, RW, W, MINB, CH, D, false>;
 }
 
-double med(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,16 +132,16 @@ int main(int argc, char** argv) {
       span.push_back(double(g1 - g0) * 1e-3);
       entry.push_back(double(e1 - g0) * 1e-3);
       exitv.push_back(double(g1 - x0) * 1e-3);
-      first.push_back(med(f));
-      loop0.push_back(med(l0));
-      count0.push_back(med(c0));
-      fin0.push_back(med(f0));
-      seg1.push_back(med(s1));
-      tail.push_back(med(tl));
+      first.push_back(median(f));
+      loop0.push_back(median(l0));
+      count0.push_back(median(c0));
+      fin0.push_back(median(f0));
+      seg1.push_back(median(s1));
+      tail.push_back(median(tl));
     }
     std::printf("%-12s %6d %7.1f %7.1f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", sh.c_str(), grid,
-                graph_us, med(span), med(entry), med(exitv), med(first), med(loop0), med(count0), med(fin0), med(seg1),
-                med(tail));
+                graph_us, median(span), median(entry), median(exitv), median(first), median(loop0), median(count0), median(fin0), median(seg1),
+                median(tail));
     std::fflush(stdout);
     CK(cudaFree(dtrace));
   };

@@ -52,12 +52,6 @@ const void* traced_kernel(const KernelConfig& c) {
   return nullptr;
 }
 
-double med(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // One run's trace (grid CTAs of kTraceRecord values) reduced to the printed medians, in SM cycles.
 struct Phases {
   double work = 0, wait = 0, latency = 0, first = 0, loop = 0, tail = 0, wait_share = 0;
@@ -86,7 +80,7 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid) {
       }
     if (spent > 0) share.push_back(waited / spent);
   }
-  return {med(work), med(wait), med(latency), med(first), med(loop), med(tail), med(share)};
+  return {median(work), median(wait), median(latency), median(first), median(loop), median(tail), median(share)};
 }
 
 }  // namespace
@@ -192,7 +186,7 @@ int main(int argc, char** argv) {
     auto pick = [&](double Phases::*f) {
       std::vector<double> v;
       for (const Phases& p : got) v.push_back(p.*f);
-      return med(v);
+      return median(v);
     };
     // One warpgroup's MMAs of one stage at the SM's full rate (2048 MACs per cycle): 2 chunks x 4 k16 steps
     // of 64 rows x the tile's width (narrow at m <= 32 on BN = 64).

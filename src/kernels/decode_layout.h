@@ -84,6 +84,14 @@ FP4KIT_HD int mma_x_unit(int tok, int u) { return u ^ ((u >> 2) & 2) ^ (tok & 1)
 // permutation, so the eight threads that copy one row write eight distinct groups too.
 FP4KIT_HD int bf16_unit(int r, int u) { return u ^ (r & 7); }
 
+// The Hopper prefill kernel's narrow tiles (kernels/prefill_gemm_sm90.cuh; the launch, dispatch's time model):
+// a token tile of `valid` >= 1 tokens runs its wgmmas, and loads X, a quarter or half of its BN wide where
+// that covers it. Grouped (MoE) launches do so at every BN; dense ones only at kDenseNarrowBn, where m = 9-32
+// is one such tile per row block (a larger BN's tile is narrow only as a large m's last one: not worth two
+// more copies of the main loop).
+constexpr int kDenseNarrowBn = 64;
+FP4KIT_HD int tile_width(int bn, int64_t valid) { return valid <= bn / 4 ? bn / 4 : valid <= bn / 2 ? bn / 2 : bn; }
+
 // Scale byte index inside a lane's SB bytes for chunk cc of the macro (0..7) and row half (0: g, 1: g+8).
 // Each 32-bit word holds two scale "units" u0, u1 (NVFP4: chunks; MXFP4: chunk pairs) as bytes
 // [u0 g, u1 g, u0 g+8, u1 g+8]: the even bytes of a word are one unit's two rows, so one mask turns them

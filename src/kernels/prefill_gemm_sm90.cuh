@@ -154,8 +154,9 @@ struct PrefillParams {
   int* counters;                // splits > 1: [tiles - split_from] arrival counters, zero between calls
   float* partials;              // splits > 1: [tile - split_from][split][kAcc / 4][kConsumerThreads] float4
   PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
-  bool narrow;                  // dense BN = 64: the launch passed NarrowX maps, so a last tile of at most
-                                // BN / 2 tokens runs narrow (tile_width); grouped launches always do
+  bool narrow;                  // dense: the launch passed NarrowX maps, so a last tile of at most BN / 2
+                                // tokens runs narrow (layout::tile_width); grouped launches always run
+                                // narrow tiles and leave it unset
 };
 
 // What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
@@ -441,19 +442,15 @@ __device__ __forceinline__ void store_staged_tile(const uint8_t* tile, T* y, int
 }
 
 // The tensor maps of X for tiles of at most BN / 2 and BN / 4 valid tokens (boxes {64, BN / 2} and
-// {64, BN / 4}); the launch's tmap_x has boxes of BN. Grouped launches always pass them; dense BN = 64
-// launches where their last tile is narrow (PrefillParams::narrow); other dense launches leave them unset.
+// {64, BN / 4}); the launch's tmap_x has boxes of BN. Grouped launches always pass them; dense BN =
+// layout::kDenseNarrowBn launches where their last tile is narrow (PrefillParams::narrow); other dense
+// launches leave them unset.
 struct NarrowX {
   CUtensorMap half, quarter;
 };
-// The width of a tile's wgmmas and X box for its `valid` >= 1 tokens (the main loop's copies).
-template <int BN> __device__ __forceinline__ int tile_width(int valid) {
-  return valid <= BN / 4 ? BN / 4 : valid <= BN / 2 ? BN / 2 : BN;
-}
-// Which instantiations have the narrow main loops: every grouped one, and the dense BN = 64 ones (m = 17-32
-// through the prefill kernel: a single token tile of 16-32 tokens). Dense BN = 128 / 256 tiles are narrow
-// only as the last tile of a large m, a small share of the call, not worth two more copies of the loop.
-template <int BN, bool kGrouped> constexpr bool kHasNarrow = kGrouped || BN == 64;
+// Which instantiations have the narrow main loops (layout::tile_width): every grouped one, the dense ones
+// at layout::kDenseNarrowBn.
+template <int BN, bool kGrouped> constexpr bool kHasNarrow = kGrouped || BN == layout::kDenseNarrowBn;
 
 // ---- Optional timeline (tools/trace_prefill.cu instantiates kTrace = 1 with FP4KIT_PREFILL_TRACE defined;
 // the library instantiates kTrace = 0 only, where every hook is empty). Per CTA a record of kTraceRecord
@@ -510,6 +507,11 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // kernels wrote; a dense one waits only where it first reads X, or the bias (below).
   if constexpr (kGrouped) griddep_wait();
   if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
+  // The width of this CTA's wgmmas and X boxes (uniform): narrow where its tile is short and the launch
+  // passed the narrow maps.
+  const int width = kHasNarrow<BN, kGrouped> && (kGrouped || p.narrow)
+                        ? layout::tile_width(BN, op.tok_end - op.tok_begin)
+                        : BN;
   // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
   // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
   const int j_begin = int(int64_t(p.k_macros) * split / splits);
@@ -536,7 +538,6 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
     // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
     // and a BN-token box moved 4x the X bytes it multiplies).
-    const int width = kHasNarrow<BN, kGrouped> && p.narrow ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;
     const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
     const uint32_t x_bytes = uint32_t(2 * width * 128);
     if (lane == 0) {
@@ -611,8 +612,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // tokens runs m64n(BN/4) or m64n(BN/2) on the accumulator's prefix: a quarter or half of the tensor-core
   // work (its columns past NW stay zero and are never written). The width is uniform per CTA; each width
   // is its own copy of the loop, so every wgmma group keeps one shape.
-  auto main_loop = [&](auto width) {
-    constexpr int NW = decltype(width)::value;
+  auto main_loop = [&](auto nw) {
+    constexpr int NW = decltype(nw)::value;
     // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
     // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
     for (int j = j_begin; j < j_end; ++j) {
@@ -664,7 +665,6 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     fence_acc(acc);
   };
   if constexpr (kHasNarrow<BN, kGrouped>) {
-    const int width = p.narrow ? tile_width<BN>(op.tok_end - op.tok_begin) : BN;  // uniform per CTA
     if (width == BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
     else if (width == BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
     else main_loop(std::integral_constant<int, BN>{});
