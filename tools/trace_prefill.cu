@@ -53,14 +53,20 @@ const void* traced_kernel(const KernelConfig& c) {
 }
 
 // One run's trace (grid CTAs of kTraceRecord values) reduced to the printed medians, in SM cycles.
+// Per SM (clock64 counts per SM, so spans are compared within an SM only): span, its first CTA's entry to
+// its last CTA's end (main loop, or the fixup when split); occupancy, the CTAs' summed entry-to-end time over
+// span x CTAs per SM (min_blocks), i.e. how full the SM's CTA slots stayed while it had work.
 struct Phases {
   double work = 0, wait = 0, latency = 0, first = 0, loop = 0, tail = 0, wait_share = 0;
+  double span_max = 0, span_med = 0, occupancy = 0, ctas_max = 0;
 };
-Phases reduce(const std::vector<unsigned long long>& h, int grid) {
+Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
   std::vector<double> work, wait, latency, first, loop, tail, share;
+  std::map<unsigned long long, std::vector<std::pair<unsigned long long, unsigned long long>>> by_sm;
   for (int b = 0; b < grid; ++b) {
     const unsigned long long* t = &h[size_t(b) * pk::kTraceRecord];
     auto ev = [&](int r, int e) { return t[pk::kTraceHeader + r * pk::kTraceEvents + e]; };
+    if (t[1] && t[2]) by_sm[t[0]].push_back({t[1], std::max(t[2], t[3])});
     if (!t[1] || !ev(0, 0)) continue;
     first.push_back(double(ev(0, 0) - t[1]));
     if (t[2]) loop.push_back(double(t[2] - t[1]));
@@ -80,7 +86,21 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid) {
       }
     if (spent > 0) share.push_back(waited / spent);
   }
-  return {median(work), median(wait), median(latency), median(first), median(loop), median(tail), median(share)};
+  std::vector<double> spans;
+  double busy = 0, slots = 0, ctas_max = 0;
+  for (const auto& [sm, v] : by_sm) {
+    unsigned long long lo = ~0ull, hi = 0;
+    for (const auto& [b, e] : v) {
+      lo = std::min(lo, b), hi = std::max(hi, e);
+      busy += double(e - b);
+    }
+    spans.push_back(double(hi - lo));
+    slots += double(hi - lo) * per_sm;
+    ctas_max = std::max(ctas_max, double(v.size()));
+  }
+  const double span_max = spans.empty() ? 0 : *std::max_element(spans.begin(), spans.end());
+  return {median(work), median(wait), median(latency), median(first), median(loop), median(tail), median(share),
+          span_max,     median(spans), slots > 0 ? busy / slots : 0, ctas_max};
 }
 
 }  // namespace
@@ -113,8 +133,8 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, NVFP4, BF16; SM clock %.2f GHz; per stage in SM cycles, per CTA in us (medians)\n",
               prop.name, m, ghz);
-  std::printf("%-12s %-16s %5s %7s | %6s %6s %6s %6s %6s | %6s %7s %6s\n", "shape", "config", "grid", "graph",
-              "mma", "work", "wait", "req", "wait%", "first", "loop", "tail");
+  std::printf("%-12s %-16s %5s %7s | %6s %6s %6s %6s %6s | %6s %7s %6s | %7s %7s %5s %3s\n", "shape", "config", "grid",
+              "graph", "mma", "work", "wait", "req", "wait%", "first", "loop", "tail", "span", "span50", "occ", "ctas");
   for (const std::string& sh : split(opt["shapes"])) {
     long long n = 0, k = 0;
     if (std::sscanf(sh.c_str(), "%lld:%lld", &n, &k) != 2 || n < 1 || k < 1) {
@@ -179,7 +199,7 @@ int main(int argc, char** argv) {
       CK(cudaStreamSynchronize(s));
       if (r < 2) continue;  // warm-up
       CK(cudaMemcpy(h.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
-      got.push_back(reduce(h, int(plan.grid)));
+      got.push_back(reduce(h, int(plan.grid), plan.cfg->min_blocks));
     }
     unsigned long long* null_trace = nullptr;
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &null_trace, sizeof(null_trace)));
@@ -192,10 +212,12 @@ int main(int argc, char** argv) {
     // of 64 rows x the tile's width (narrow at m <= 32 on BN = 64).
     const double mma = 2.0 * 4 * 64 * prefill_width(*plan.cfg, m) * 16 / 2048.0;
     const double us = 1e-3 / ghz;
-    std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f\n", sh.c_str(),
-                plan.cfg->name, (long long)plan.grid, graph_us, mma, pick(&Phases::work), pick(&Phases::wait),
-                pick(&Phases::latency), 100 * pick(&Phases::wait_share), pick(&Phases::first) * us,
-                pick(&Phases::loop) * us, pick(&Phases::tail) * us);
+    std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f | %7.1f %7.1f %4.0f%% %3.0f\n",
+                sh.c_str(), plan.cfg->name, (long long)plan.grid, graph_us, mma, pick(&Phases::work),
+                pick(&Phases::wait), pick(&Phases::latency), 100 * pick(&Phases::wait_share),
+                pick(&Phases::first) * us, pick(&Phases::loop) * us, pick(&Phases::tail) * us,
+                pick(&Phases::span_max) * us, pick(&Phases::span_med) * us, 100 * pick(&Phases::occupancy),
+                pick(&Phases::ctas_max));
     std::fflush(stdout);
     CK(cudaFree(dtrace));
     for (void* p : wp) CK(cudaFree(p));
@@ -207,6 +229,7 @@ int main(int argc, char** argv) {
               "wgmmas at the SM's full rate; work, ready to done; wait, previous done to ready; req, the producer's\n"
               "request to warpgroup 0's ready; wait%%: waiting share of a warpgroup's main loop. Per CTA (us): first,\n"
               "entry to the first stage ready; loop, entry to the end of the main loop; tail, the split fixup (last\n"
-              "split only).\n");
+              "split only). Per SM (us): span max / median, first entry to last end; occ, CTA time over span x\n"
+              "CTAs per SM; ctas, the most CTAs one SM ran.\n");
   return 0;
 }
