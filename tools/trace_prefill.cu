@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -59,9 +60,11 @@ const void* traced_kernel(const KernelConfig& c) {
 struct Phases {
   double work = 0, wait = 0, latency = 0, first = 0, loop = 0, tail = 0, wait_share = 0;
   double span_max = 0, span_med = 0, occupancy = 0, ctas_max = 0;
+  double wait_hi = 0, wait_lo = 0, skew = 0;  // per CTA the more / less waiting warpgroup's mean wait per
+                                              // stage; per stage |ready of warpgroup 0 - ready of 1|
 };
 Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
-  std::vector<double> work, wait, latency, first, loop, tail, share;
+  std::vector<double> work, wait, latency, first, loop, tail, share, wait_hi, wait_lo, skew;
   std::map<unsigned long long, std::vector<std::pair<unsigned long long, unsigned long long>>> by_sm;
   for (int b = 0; b < grid; ++b) {
     const unsigned long long* t = &h[size_t(b) * pk::kTraceRecord];
@@ -71,7 +74,10 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
     first.push_back(double(ev(0, 0) - t[1]));
     if (t[2]) loop.push_back(double(t[2] - t[1]));
     if (t[2] && t[3]) tail.push_back(double(t[3] - t[2]));
-    double waited = 0, spent = 0;
+    double waited = 0, spent = 0, wg_wait[2] = {0, 0};
+    int wg_stages[2] = {0, 0};
+    for (int r = 0; r < pk::kTraceStages && ev(r, 0) && ev(r, 2); ++r)
+      skew.push_back(std::fabs(double(ev(r, 0)) - double(ev(r, 2))));
     for (int w = 0; w < 2; ++w)
       for (int r = 0; r < pk::kTraceStages && ev(r, 2 * w) && ev(r, 2 * w + 1); ++r) {
         work.push_back(double(ev(r, 2 * w + 1) - ev(r, 2 * w)));
@@ -80,11 +86,18 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
           const double wt = double(ev(r, 2 * w)) - double(ev(r - 1, 2 * w + 1));
           wait.push_back(wt);
           waited += wt;
+          wg_wait[w] += wt;
+          ++wg_stages[w];
           spent += wt;
         }
         if (w == 0 && ev(r, 4)) latency.push_back(double(ev(r, 0)) - double(ev(r, 4)));
       }
     if (spent > 0) share.push_back(waited / spent);
+    if (wg_stages[0] > 0 && wg_stages[1] > 0) {
+      const double a = wg_wait[0] / wg_stages[0], b = wg_wait[1] / wg_stages[1];
+      wait_hi.push_back(std::max(a, b));
+      wait_lo.push_back(std::min(a, b));
+    }
   }
   std::vector<double> spans;
   double busy = 0, slots = 0, ctas_max = 0;
@@ -100,7 +113,8 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
   }
   const double span_max = spans.empty() ? 0 : *std::max_element(spans.begin(), spans.end());
   return {median(work), median(wait), median(latency), median(first), median(loop), median(tail), median(share),
-          span_max,     median(spans), slots > 0 ? busy / slots : 0, ctas_max};
+          span_max,     median(spans), slots > 0 ? busy / slots : 0, ctas_max,
+          median(wait_hi), median(wait_lo), median(skew)};
 }
 
 }  // namespace
@@ -133,8 +147,9 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&s));
   std::printf("# %s, m = %d, NVFP4, BF16; SM clock %.2f GHz; per stage in SM cycles, per CTA in us (medians)\n",
               prop.name, m, ghz);
-  std::printf("%-12s %-16s %5s %7s | %6s %6s %6s %6s %6s | %6s %7s %6s | %7s %7s %5s %3s\n", "shape", "config", "grid",
-              "graph", "mma", "work", "wait", "req", "wait%", "first", "loop", "tail", "span", "span50", "occ", "ctas");
+  std::printf("%-12s %-16s %5s %7s | %6s %6s %6s %6s %6s | %6s %7s %6s | %7s %7s %5s %3s | %6s %6s %6s\n", "shape",
+              "config", "grid", "graph", "mma", "work", "wait", "req", "wait%", "first", "loop", "tail", "span", "span50",
+              "occ", "ctas", "waitHi", "waitLo", "skew");
   for (const std::string& sh : split(opt["shapes"])) {
     long long n = 0, k = 0;
     if (std::sscanf(sh.c_str(), "%lld:%lld", &n, &k) != 2 || n < 1 || k < 1) {
@@ -212,12 +227,12 @@ int main(int argc, char** argv) {
     // of 64 rows x the tile's width (narrow at m <= 32 on BN = 64).
     const double mma = 2.0 * 4 * 64 * prefill_width(*plan.cfg, m) * 16 / 2048.0;
     const double us = 1e-3 / ghz;
-    std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f | %7.1f %7.1f %4.0f%% %3.0f\n",
+    std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f | %7.1f %7.1f %4.0f%% %3.0f | %6.0f %6.0f %6.0f\n",
                 sh.c_str(), plan.cfg->name, (long long)plan.grid, graph_us, mma, pick(&Phases::work),
                 pick(&Phases::wait), pick(&Phases::latency), 100 * pick(&Phases::wait_share),
                 pick(&Phases::first) * us, pick(&Phases::loop) * us, pick(&Phases::tail) * us,
                 pick(&Phases::span_max) * us, pick(&Phases::span_med) * us, 100 * pick(&Phases::occupancy),
-                pick(&Phases::ctas_max));
+                pick(&Phases::ctas_max), pick(&Phases::wait_hi), pick(&Phases::wait_lo), pick(&Phases::skew));
     std::fflush(stdout);
     CK(cudaFree(dtrace));
     for (void* p : wp) CK(cudaFree(p));
@@ -230,6 +245,7 @@ int main(int argc, char** argv) {
               "request to warpgroup 0's ready; wait%%: waiting share of a warpgroup's main loop. Per CTA (us): first,\n"
               "entry to the first stage ready; loop, entry to the end of the main loop; tail, the split fixup (last\n"
               "split only). Per SM (us): span max / median, first entry to last end; occ, CTA time over span x\n"
-              "CTAs per SM; ctas, the most CTAs one SM ran.\n");
+              "CTAs per SM; ctas, the most CTAs one SM ran. Per CTA (cycles): waitHi / waitLo, the mean wait per stage\n"
+              "of its more / less waiting warpgroup; skew, |ready of warpgroup 0 - ready of warpgroup 1| per stage.\n");
   return 0;
 }
