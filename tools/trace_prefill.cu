@@ -13,7 +13,9 @@
 // requested the stage's weight records ("request"). Printed per shape, medians over CTAs and runs, in SM
 // cycles: per stage a warpgroup's work (done - ready), its wait for data (ready - the previous done),
 // request to ready; per CTA the first stage's wait (entry to ready 0), the main loop, the split and
-// epilogue tail; and the share of main-loop time the warpgroups wait for data. With the MMA cycles one
+// epilogue tail; and the share of main-loop time the warpgroups wait for data, per warpgroup (the more and
+// the less waiting one of each CTA) and the skew of the two; per SM the span from its first CTA's entry to
+// its last CTA's end and how full its CTA slots stayed. With the MMA cycles one
 // stage needs at the SM's full rate beside them: work far above them and little waiting says the
 // warpgroups serialise dequantisation and MMAs; much waiting says the ring runs dry (bytes in flight).
 // Weights rotate over copies past 2x L2 (cold).
