@@ -42,7 +42,7 @@ def budget(rows):
             continue
         op = opcode(r[src])
         if op:
-            counts[op] += int(float(r[cnt]))
+            counts[op] += int(float(r[cnt].replace(",", "")))  # ncu may group digits
     return counts
 
 

@@ -19,6 +19,7 @@ LINES = [
     ["0x30", "      HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR16], R24", "2", "80"],
     ["0x40", "      HMUL2.BF16_V2 R1, R2, R3", "0", "320"],
     ["0x50", "@!P0  BRA 0x7f9bb37f5c40", "5", "90"],
+    ["0x58", "      LOP3.LUT R9, R9, 0x1, RZ, 0xc0, !PT", "0", "1,000"],
     ["0x60", "", "0", ""],
 ]
 
@@ -39,7 +40,7 @@ def write(path, rows, gz):
 
 def test_counts_per_opcode():
     counts = sass_budget.budget(csv.reader(io.StringIO("\n".join(",".join(f'"{c}"' for c in r) for r in [HEADER] + LINES))))
-    assert counts["LOP3.LUT"] == 500  # predicated and unpredicated lines of one opcode
+    assert counts["LOP3.LUT"] == 1500  # predicated and unpredicated lines, digits grouped or not
     assert counts["HGMMA.64x64x16.F32.BF16"] == 80 and counts["HMUL2.BF16_V2"] == 320
     assert counts["BRA"] == 90 and counts["LDC"] == 10 and "" not in counts
 
@@ -49,9 +50,9 @@ def test_per_unit_output(tmp_path, capsys):
     write(p, LINES, gz=True)
     assert sass_budget.main([str(p), "--per", "HGMMA", "--scale", "8"]) == 0
     out = capsys.readouterr().out
-    # 1000 instructions over 80 HGMMA = 10 units of 8: 100 per unit; LOP3 50, HMUL2 32, BRA 9.
-    assert "1000 warp instructions, 80 HGMMA*: 100.0 per unit" in out
-    assert [l.split()[-1] for l in out.splitlines() if "LOP3.LUT" in l or "HMUL2" in l] == ["50.0", "32.0"]
+    # 2000 instructions over 80 HGMMA = 10 units of 8: 200 per unit; LOP3 150, HMUL2 32, BRA 9.
+    assert "2000 warp instructions, 80 HGMMA*: 200.0 per unit" in out
+    assert [l.split()[-1] for l in out.splitlines() if "LOP3.LUT" in l or "HMUL2" in l] == ["150.0", "32.0"]
     assert any(l.split()[0] == "BRA" and l.split()[-1] == "9.0" for l in out.splitlines()[1:])
 
 
@@ -61,7 +62,7 @@ def test_plain_csv_and_missing_anchor(tmp_path, capsys):
     assert sass_budget.main([str(p)]) == 1
     assert "no HGMMA instruction executed" in capsys.readouterr().err
     assert sass_budget.main([str(p), "--per", "LOP3", "--scale", "1"]) == 0
-    assert "500 LOP3*: 1.8 per unit" in capsys.readouterr().out  # 920 / 500
+    assert "1500 LOP3*: 1.3 per unit" in capsys.readouterr().out  # 1920 / 1500
 
 
 def test_no_header_is_an_error():
