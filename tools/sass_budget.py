@@ -15,16 +15,9 @@ import argparse
 import collections
 import csv
 import gzip
-import re
 import sys
 
-PRED = re.compile(r"^@!?U?P[T0-9]+\s+")
-
-
-def opcode(source):
-    """The opcode of one SASS line ('@!P1 BRA 0x...' -> 'BRA'), or '' for a line without one."""
-    text = PRED.sub("", source.strip())
-    return text.split()[0] if text else ""
+from sass_scan import split  # one SASS line -> (opcode without its predicate, dest registers, sources)
 
 
 def budget(rows):
@@ -40,7 +33,7 @@ def budget(rows):
     for r in rows:
         if len(r) <= max(src, cnt) or not r[cnt].strip():
             continue
-        op = opcode(r[src])
+        op = split(r[src].strip())[0]
         if op:
             counts[op] += int(float(r[cnt].replace(",", "")))  # ncu may group digits
     return counts
