@@ -13,7 +13,7 @@
 //     8-wide N side; m = 1 wastes MMA lanes, which are idle in decode anyway.
 //   - Each lane streams 16-byte records laid out as its own A fragments (ld.global.nc, no L1 allocation,
 //     L2 evict-first: weights are read once). A warp reads 512 contiguous bytes per load.
-//   - E2M1 -> BF16 is a mask (plus shift) per pair of values, because prepack placed the code bits where
+//   - E2M1 -> BF16 is a rotation and a mask per pair of values, because prepack placed the code bits where
 //     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
 //     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
 //     (FP16: bits 9..11 give e2m1 * 2^-14, times s * 2^5.) Every step is exact: the MMA sees the
@@ -179,12 +179,7 @@ template <typename T> struct Act;
 
 // BF16: codes -> bf16 bits 6..8 (+ sign 15); value e2m1 * 2^-126.
 template <> struct Act<__nv_bfloat16> {
-  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
-    if (P == 0) return q & 0x81C081C0u;
-    if (P == 1) return (q << 3) & 0x81C081C0u;
-    if (P == 2) return (q << 6) & 0x81C081C0u;
-    return ((q >> 4) & 0x00C000C0u) | ((q >> 5) & 0x01000100u) | ((q << 1) & 0x80008000u);
-  }
+  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) { return layout::bf16_pair<P>(q); }
   __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
     uint32_t d;  // fma with -0 addend: a*b exactly signed (sm_80 has no bf16x2 mul)
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
@@ -203,12 +198,7 @@ template <> struct Act<__nv_bfloat16> {
 
 // FP16: codes -> half bits 9..11 (+ sign 15); value e2m1 * 2^-14.
 template <> struct Act<__half> {
-  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) {
-    if (P == 0) return ((q << 3) & 0x0E000E00u) | (q & 0x80008000u);
-    if (P == 1) return ((q << 6) & 0x0E000E00u) | ((q << 3) & 0x80008000u);
-    if (P == 2) return ((q << 9) & 0x0E000E00u) | ((q << 6) & 0x80008000u);
-    return ((q >> 1) & 0x06000600u) | ((q >> 2) & 0x08000800u) | ((q << 1) & 0x80008000u);
-  }
+  template <int P> __device__ __forceinline__ static uint32_t pair(uint32_t q) { return layout::f16_pair<P>(q); }
   __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));

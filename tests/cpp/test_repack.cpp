@@ -116,6 +116,38 @@ TEST(bit_positions_are_a_bijection) {
   }
 }
 
+// The kernels' pair extraction (layout::bf16_pair / f16_pair) against bit_position: for every pair, every
+// code in both halves and the other pairs' bits all set, all clear, or random, exactly sign << 15 | mag << 6
+// (BF16) and sign << 15 | mag << 9 (FP16) in each half, nothing else.
+template <int P> static void check_pair_extraction(uint32_t others) {
+  for (int lo = 0; lo < 16; ++lo)
+    for (int hi = 0; hi < 16; ++hi) {
+      uint32_t w = others;
+      const int codes[2] = {lo, hi};
+      for (int h = 0; h < 2; ++h)
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t bit = 1u << layout::bit_position(P, h, b);
+          w = ((codes[h] >> b) & 1) ? (w | bit) : (w & ~bit);
+        }
+      auto want = [&](int mag_at) {
+        uint32_t v = 0;
+        for (int h = 0; h < 2; ++h) v |= (uint32_t(codes[h] >> 3) << (15 + 16 * h)) | (uint32_t(codes[h] & 7) << (mag_at + 16 * h));
+        return v;
+      };
+      CHECK_EQ(layout::bf16_pair<P>(w), want(6));
+      CHECK_EQ(layout::f16_pair<P>(w), want(9));
+    }
+}
+TEST(pair_extraction_matches_the_bit_layout) {
+  std::mt19937 rng(7);
+  for (uint32_t others : {0u, 0xFFFFFFFFu, uint32_t(rng()), uint32_t(rng()), uint32_t(rng())}) {
+    check_pair_extraction<0>(others);
+    check_pair_extraction<1>(others);
+    check_pair_extraction<2>(others);
+    check_pair_extraction<3>(others);
+  }
+}
+
 // Lane order of X (the prefill kernel's K order): a permutation of the pairs inside each 64-K chunk
 // (NVFP4) or 128-K block (MXFP4), and at position 32c + 8s + 4h + t exactly the pair that word s of quad
 // lane t's record holds in its half h (pairs p0/p1 for h = 0, p2/p3 for h = 1; layout::pair_k), which
