@@ -13,7 +13,7 @@
 //     8-wide N side; m = 1 wastes MMA lanes, which are idle in decode anyway.
 //   - Each lane streams 16-byte records laid out as its own A fragments (ld.global.nc, no L1 allocation,
 //     L2 evict-first: weights are read once). A warp reads 512 contiguous bytes per load.
-//   - E2M1 -> BF16 is a rotation and a mask per pair of values, because prepack placed the code bits where
+//   - E2M1 -> BF16 is a mask (plus shift) per pair of values, because prepack placed the code bits where
 //     BF16's exponent/mantissa bits are: the result is e2m1 * 2^-126 exactly. One bf16x2 multiply by the
 //     pre-biased block scale (s * 2^117) yields e2m1 * s * 2^-9 exactly; out_scale restores 2^9 * ts.
 //     (FP16: bits 9..11 give e2m1 * 2^-14, times s * 2^5.) Every step is exact: the MMA sees the

@@ -15,18 +15,19 @@
 //                         p2 = row g   (K+2, K+3) -> a4a5          p3 = row g+8 (K+2, K+3) -> a6a7
 //
 // Bit layout of a word. Each value's 3 magnitude bits (E2M1 code & 7) and sign bit are placed so that the
-// kernel turns a pair into a BF16x2 in two or three integer instructions: magnitude at bf16 bits 6..8
-// (exponent low two bits and mantissa top bit) and sign at bit 15 give e2m1 * 2^-126 exactly, subnormal 0.5
-// included. The pattern {6,7,8,15, 22,23,24,31} does not tile a 32-bit word (nor 64 or 128 bits) by
-// rotations; three rotations of it and one pair split in two are the fewest instructions (an exhaustive
-// search over rotations, shifts and two-part masks: 2 + 2 + 2 + 3 per word, against 1 + 2 + 2 + 6 for
-// shifts by 0, 3, 6 and three masked shifts for the rest):
-//   p0: mag 20,21,22 sign 29 | hi: mag 4,5,6   sign 13     bf16: rotl(q, 18) & 0x81C081C0
-//   p1: mag 16,17,18 sign 25 | hi: mag 0,1,2   sign 9      bf16: rotl(q, 22) & 0x81C081C0
-//   p2: mag 10,11,12 sign 19 | hi: mag 26,27,28 sign 3     bf16: rotl(q, 28) & 0x81C081C0
-//   p3: mag 30,7,8   sign 15 | hi: mag 14,23,24 sign 31    bf16: (rotl(q, 8) & 0x00400040) | (q & 0x81808180)
+// kernel turns a pair into a BF16x2 with a mask: magnitude at bf16 bits 6..8 (exponent low two bits and
+// mantissa top bit) and sign at bit 15 give e2m1 * 2^-126 exactly, subnormal 0.5 included. Three of the
+// four pairs are the same pattern shifted by 0, 3 and 6 bits; the fourth fills the 8 bits left over:
+//   p0: mag 6,7,8   sign 15 | hi: mag 22,23,24 sign 31      bf16: q & 0x81C081C0
+//   p1: mag 3,4,5   sign 12 | hi: mag 19,20,21 sign 28      bf16: (q << 3) & 0x81C081C0
+//   p2: mag 0,1,2   sign 9  | hi: mag 16,17,18 sign 25      bf16: (q << 6) & 0x81C081C0
+//   p3: mag 10,11,13 sign 14| hi: mag 26,27,29 sign 30      bf16: three masked shifts
 // ("lo" is the pair's first K, "hi" its second; bit i of the magnitude goes to the i-th listed position.)
-// FP16 wants magnitude 9..11 and sign 15: two rotations and two masks per pair (three and three for p3).
+// The pattern {6,7,8,15, 22,23,24,31} tiles no 32-, 64- or 128-bit word by rotations, so some pair always
+// takes more than a shift and a mask. A layout of three rotations and one two-part pair (9 integer
+// instructions per word against 11 here) measured no faster in a dequantisation loop and 1.1% slower in
+// the GEMMs (docs/decode-gemm-notes.md): the left shifts here run as IMAD.SHL beside the ALU's masks, a
+// rotation cannot.
 #pragma once
 #include <cstdint>
 
@@ -51,34 +52,25 @@ FP4KIT_HD int64_t lane_kbase(Format f, int64_t c, int t) {
 // Bit position (0..31) inside word s of value (pair p, half h in {0: lo, 1: hi}, bit b in 0..3; b = 3 is
 // the sign). The word index s does not change positions: every word has the same layout.
 FP4KIT_HD int bit_position(int p, int h, int b) {
-  constexpr int kPos[4][2][4] = {{{20, 21, 22, 29}, {4, 5, 6, 13}},
-                                 {{16, 17, 18, 25}, {0, 1, 2, 9}},
-                                 {{10, 11, 12, 19}, {26, 27, 28, 3}},
-                                 {{30, 7, 8, 15}, {14, 23, 24, 31}}};
-  return kPos[p][h][b];
+  // positions of magnitude bits 0,1,2 and the sign, for the lo half; hi = lo + 16.
+  constexpr int kLo[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 11, 13, 14}};
+  return kLo[p][b] + 16 * h;
 }
 
 // Pair p of a word as the 16x2 bit patterns the kernels multiply by the block scales (host and device, so
 // that test_repack checks them against bit_position for every code): BF16 {lo, hi} = sign << 15 | mag << 6
 // (e2m1 * 2^-126), FP16 sign << 15 | mag << 9 (e2m1 * 2^-14).
-FP4KIT_HD uint32_t rotl(uint32_t q, int d) {
-#ifdef __CUDA_ARCH__
-  return __funnelshift_l(q, q, d);  // one SHF
-#else
-  return (q << d) | (q >> ((32 - d) & 31));
-#endif
-}
 template <int P> FP4KIT_HD uint32_t bf16_pair(uint32_t q) {
-  if (P == 0) return rotl(q, 18) & 0x81C081C0u;
-  if (P == 1) return rotl(q, 22) & 0x81C081C0u;
-  if (P == 2) return rotl(q, 28) & 0x81C081C0u;
-  return (rotl(q, 8) & 0x00400040u) | (q & 0x81808180u);
+  if (P == 0) return q & 0x81C081C0u;
+  if (P == 1) return (q << 3) & 0x81C081C0u;
+  if (P == 2) return (q << 6) & 0x81C081C0u;
+  return ((q >> 4) & 0x00C000C0u) | ((q >> 5) & 0x01000100u) | ((q << 1) & 0x80008000u);
 }
 template <int P> FP4KIT_HD uint32_t f16_pair(uint32_t q) {
-  if (P == 0) return (rotl(q, 21) & 0x0E000E00u) | (rotl(q, 18) & 0x80008000u);
-  if (P == 1) return (rotl(q, 25) & 0x0E000E00u) | (rotl(q, 22) & 0x80008000u);
-  if (P == 2) return (rotl(q, 31) & 0x0E000E00u) | (rotl(q, 28) & 0x80008000u);
-  return (rotl(q, 3) & 0x0C000C00u) | (rotl(q, 11) & 0x02000200u) | (q & 0x80008000u);
+  if (P == 0) return ((q << 3) & 0x0E000E00u) | (q & 0x80008000u);
+  if (P == 1) return ((q << 6) & 0x0E000E00u) | ((q << 3) & 0x80008000u);
+  if (P == 2) return ((q << 9) & 0x0E000E00u) | ((q << 6) & 0x80008000u);
+  return ((q >> 1) & 0x06000600u) | ((q >> 2) & 0x08000800u) | ((q << 1) & 0x80008000u);
 }
 
 // Row (within the tile) and K offset (within the lane's 16-wide slice) of (word s, pair p, half h).
