@@ -26,8 +26,7 @@
 // The pattern {6,7,8,15, 22,23,24,31} tiles no 32-, 64- or 128-bit word by rotations, so some pair always
 // takes more than a shift and a mask. A layout of three rotations and one two-part pair (9 integer
 // instructions per word against 11 here) measured no faster in a dequantisation loop and 1.1% slower in
-// the GEMMs (docs/decode-gemm-notes.md): the left shifts here run as IMAD.SHL beside the ALU's masks, a
-// rotation cannot.
+// the GEMMs (docs/decode-gemm-notes.md): fewer instructions is not what this step needs.
 #pragma once
 #include <cstdint>
 
