@@ -76,7 +76,7 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
     first.push_back(double(ev(0, 0) - t[1]));
     if (t[2]) loop.push_back(double(t[2] - t[1]));
     if (t[2] && t[3]) tail.push_back(double(t[3] - t[2]));
-    double waited = 0, spent = 0, wg_wait[2] = {0, 0};
+    double spent = 0, wg_wait[2] = {0, 0};  // main-loop cycles; each warpgroup's summed wait
     int wg_stages[2] = {0, 0};
     for (int r = 0; r < pk::kTraceStages && ev(r, 0) && ev(r, 2); ++r)
       skew.push_back(std::fabs(double(ev(r, 0)) - double(ev(r, 2))));
@@ -87,14 +87,13 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
         if (r > 0) {
           const double wt = double(ev(r, 2 * w)) - double(ev(r - 1, 2 * w + 1));
           wait.push_back(wt);
-          waited += wt;
           wg_wait[w] += wt;
           ++wg_stages[w];
           spent += wt;
         }
         if (w == 0 && ev(r, 4)) latency.push_back(double(ev(r, 0)) - double(ev(r, 4)));
       }
-    if (spent > 0) share.push_back(waited / spent);
+    if (spent > 0) share.push_back((wg_wait[0] + wg_wait[1]) / spent);
     if (wg_stages[0] > 0 && wg_stages[1] > 0) {
       const double a = wg_wait[0] / wg_stages[0], b = wg_wait[1] / wg_stages[1];
       wait_hi.push_back(std::max(a, b));
