@@ -679,9 +679,11 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   if constexpr (!kGrouped) griddep_launch_dependents();
   if (threadIdx.x == 0) trace_at<kTrace>(2);
 
-  // ---- split K: store this split's partial tile, count the arrival; the last split sums all partials in
-  // split order (the same bits whatever the arrival order), then runs the epilogue. Warps whose row tile
-  // is past the matrix store and load nothing but take part in the barriers.
+  // ---- split K: store this split's partial tile, count the arrival; the last split sums the partials in
+  // split order (the same bits whatever the arrival order), then runs the epilogue. With two splits the last
+  // one adds the other's partial to its own registers (p0 + p1 == p1 + p0 bit for bit): one partial tile
+  // read instead of two on the call's critical path. Warps whose row tile is past the matrix store and load
+  // nothing but take part in the barriers.
   if (splits > 1) {
     constexpr int kVec = G::kAcc / 4;  // float4 per thread per partial
     const int ct = threadIdx.x;        // consumer thread 0 .. kConsumerThreads - 1
@@ -697,14 +699,18 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     if (ct == 0) s_last = kernels::count_arrival(&p.counters[tile]) == splits - 1;
     consumer_sync();
     if (!s_last) return;
+    const int z_first = splits == 2 ? 1 - split : 0;  // two splits: only the other one's partial
+    const int z_count = splits == 2 ? 1 : splits;
+    if (splits != 2) {
 #pragma unroll
-    for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
+    }
     if (rt_ok) {
       constexpr int kBatch = 8;  // float4 loads in flight per thread
       static_assert(kVec % kBatch == 0, "partial tile in whole batches");
 #pragma unroll
       for (int v0 = 0; v0 < kVec; v0 += kBatch)
-        for (int z = 0; z < splits; ++z) {
+        for (int z = z_first; z < z_first + z_count; ++z) {
           const float4* src = slots + int64_t(z) * (G::kPartialFloats / 4) + ct;
           float4 x[kBatch];
 #pragma unroll
