@@ -15,8 +15,8 @@
 //                 cluster of CTAs within one wave, two or three K slices each) in cluster mode instead:
 //                 the K split reduced in distributed shared memory, and with interleaved gate/up rows
 //                 the activation applied there (step 3 is then not launched). BF16 experts: the grouped
-//                 BF16 GEMV (moe_bf16_gemm.cuh), one warp per 16-row tile over the whole K, tiles of the
-//                 active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
+//                 BF16 GEMV (moe_bf16_gemm.cuh), 1-8 warps of a CTA per 16-row tile (plan_bf16), tiles
+//                 of the active experts dealt evenly over all SMs. X rows are gathered through the sorted rows.
 //   3. activation silu_and_mul or gpt-oss SwiGLU on [rows, 2I] -> [rows, I] (fp32 math, act-dtype out;
 //                 FP16 saturates its input and output at +-65504, see fp4kit/moe.h).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
@@ -38,8 +38,7 @@
 // lives where the down GEMM's output goes (it is dead by then). On devices without wgmma (or forced) the FP4
 // GEMMs are the mma.sync prefill kernel's grouped mode (prefill_gemm_sm80.cuh), which reads X and the
 // activations in natural order; BF16 experts take the same path with their own grouped mma.sync GEMM
-// (moe_bf16_mma.cuh) on every device, past one GEMV pass, at >= 8 rows per expert, and at T = 1
-// (choose_tensor_core).
+// (moe_bf16_mma.cuh) on every device, past one GEMV pass and at >= 8 rows per expert (choose_tensor_core).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,8 +46,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "fp4kit/moe.h"
 #include "fp4kit/repack.h"
@@ -244,16 +245,67 @@ struct Bf16Plan {
   Bf16Fn fn = nullptr;
   int grid = 0;
   int sms = 0;
+  int split = 1;  // warps per tile (moe_bf16_gemm.cuh)
+  int smem = 0;   // dynamic shared memory (split > 1)
 };
 
-Status plan_bf16(int max_active, int64_t n, int n_tiles, Bf16Plan* out) {
+// The GEMV's warps per tile can be forced for same-build A/B runs and tests: FP4KIT_MOE_BF16_SPLIT=S (both
+// GEMMs) or G,D (gate_up, down), each 1, 2, 4 or 8; or detail::set_moe_bf16_split (0: the rule below).
+int g_bf16_split = -1;  // -1: the environment decides
+int moe_bf16_split_forced(bool down) {
+  static const std::pair<int, int> env = [] {
+    const char* v = std::getenv("FP4KIT_MOE_BF16_SPLIT");
+    auto ok = [](int s) { return s == 1 || s == 2 || s == 4 || s == 8 ? s : 0; };
+    if (!v) return std::pair<int, int>(0, 0);
+    const char* comma = std::strchr(v, ',');
+    const int g = ok(std::atoi(v));
+    return std::pair<int, int>(g, comma ? ok(std::atoi(comma + 1)) : g);
+  }();
+  return g_bf16_split >= 0 ? g_bf16_split : down ? env.second : env.first;
+}
+
+// Warps per tile, from a model of one SM's share of the tiles (fitted on the H200 to a sweep of 1, 2 and 4
+// warps per tile for gate_up and down apart, gpt-oss-120b, Qwen3-30B-A3B and Mixtral-8x7B at T = 1, 2 and
+// 4; docs/moe-notes.md). The busiest SM holds n = ceil(tiles / SMs) tiles in q = (its warps) / S groups,
+// so it runs ceil(n / q) rounds; a round of w streaming warps moves w tile_bytes / S bytes, but fewer than
+// kBf16SaturatingWarps warps leave HBM latency-bound at that many warps' time (each keeps a ring of ~7 KB
+// in flight), and each round pays a start and a reduction (kBf16RoundBytes of streaming). The least cost
+// wins, ties to fewer warps per tile. gpt-oss-120b at T = 1 (1440 gate_up, 720 down tiles) takes 4 and 2.
+constexpr int kBf16SaturatingWarps = 12;
+constexpr double kBf16RoundBytes = 32e3;  // ~1 us of one SM's share of HBM
+double bf16_split_cost(int64_t tiles, int sms, int warps_per_sm, double tile_bytes, int split) {
+  const int64_t n = (tiles + sms - 1) / sms, q = std::max(1, warps_per_sm / split);
+  double warp_rounds = 0;
+  int64_t rounds = 0;
+  for (int64_t left = n; left > 0; left -= q, ++rounds)
+    warp_rounds += double(std::max<int64_t>(std::min(left, q) * split, kBf16SaturatingWarps));
+  return tile_bytes / split * warp_rounds + kBf16RoundBytes * double(rounds);
+}
+int bf16_split_rule(int64_t max_tiles, int sms, int warps_per_sm, int64_t k, int k_steps) {
+  const double tile_bytes = 16.0 * double(k) * 2.0;
+  int best = 1;
+  double best_cost = bf16_split_cost(max_tiles, sms, warps_per_sm, tile_bytes, 1);
+  for (int s = 2; s <= kernels::kBf16Warps && s <= k_steps; s *= 2) {
+    const double c = bf16_split_cost(max_tiles, sms, warps_per_sm, tile_bytes, s);
+    if (c < best_cost) best = s, best_cost = c;
+  }
+  return best;
+}
+
+Status plan_bf16(int max_active, int64_t n, int64_t k, int n_tiles, bool down, Bf16Plan* out) {
   Bf16Plan p;
   p.fn = bf16_kernel(n_tiles);
+  const int split_smem = kernels::bf16_split_smem(n_tiles);
   int per_sm = 0;
-  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), kernels::kBf16Warps * 32, 0,
-                                                 nullptr, &p.sms, &per_sm));
+  FP4KIT_RETURN_IF_ERROR(detail::resident_per_sm(reinterpret_cast<const void*>(p.fn), kernels::kBf16Warps * 32,
+                                                 split_smem, nullptr, &p.sms, &per_sm));
   const int64_t max_tiles = int64_t(max_active) * ((n + 15) / 16);
   p.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_tiles, int64_t(per_sm) * p.sms)));
+  const int k_steps = int((k + 31) / 32);
+  const int forced = moe_bf16_split_forced(down);
+  p.split = forced ? forced : bf16_split_rule(max_tiles, p.sms, per_sm * kernels::kBf16Warps, k, k_steps);
+  while (p.split > 1 && p.split > k_steps) p.split /= 2;  // every warp of a group has a K step
+  p.smem = p.split > 1 ? split_smem : 0;
   *out = p;
   return Status::Ok();
 }
@@ -302,13 +354,13 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     *tc = true;
   } else if (!fp4) {
     // BF16 experts: the tensor cores past one pass of the GEMV (which re-reads every touched expert's weights
-    // per 64 tokens), where experts average 8 or more rows of the pass, and at T = 1. Measured, both paths on
-    // five models at T = 1-64 (docs/moe-notes.md): 8-16 rows per expert 16-41% faster on the tensor cores
-    // (gpt-oss-20b, Mixtral at T = 64), 1-4 rows within -12% .. +10% either way, T = 1 7-15% faster on four
-    // of the five models (DeepSeek-V3 4% slower).
+    // per 64 tokens) and where experts average 8 or more rows of the pass. Measured, both paths on five
+    // models at T = 1-64 (docs/moe-notes.md): 8-16 rows per expert 16-41% faster on the tensor cores
+    // (gpt-oss-20b, Mixtral at T = 64); with the GEMV's split tiles the GEMV is 2-26% faster at T = 1-4
+    // (gpt-oss-120b, Qwen3-30B-A3B, Mixtral-8x7B).
     const int pairs = int(std::min(a.tokens, kMoEBF16PassTokens)) * a.top_k;
     const int avg_rows = pairs / std::min(a.num_experts, pairs);
-    *tc = a.tokens > kMoEBF16PassTokens || a.tokens == 1 || avg_rows >= 8;
+    *tc = a.tokens > kMoEBF16PassTokens || avg_rows >= 8;
   } else {
     // kAuto: the decode path while one pass holds the tokens and its token tiles for them stay narrow
     // (fp4kit/moe.h). The wgmma kernel from 16-token decode tiles (experts averaging ~3.3 or more rows):
@@ -368,8 +420,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     p.sms = p.tgu.sms;
   } else if (p.bf16) {
     const int n_tiles = bf16_n_tiles(a.tokens);
-    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, n_tiles, &p.bgu));
-    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, n_tiles, &p.bdn));
+    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, a.gate_up.k, n_tiles, false, &p.bgu));
+    FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.down.n, a.down.k, n_tiles, true, &p.bdn));
     p.sms = p.bgu.sms;
   } else {
     const int nt = fp4_decode_n_tiles(p.pairs, p.max_active);
@@ -556,6 +608,7 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 namespace detail {
 void set_moe_clusters(int on) { g_clusters = on; }
 void set_moe_mma(int on) { g_mma = on; }
+void set_moe_bf16_split(int split) { g_bf16_split = split; }
 
 int moe_align_grid(int tokens, int top_k) {
   return int64_t(tokens) * top_k >= kernels::kAlignSplitMinPairs ? kernels::align_ctas(tokens) : 0;
@@ -651,7 +704,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     p.k = int(w.k);
     p.row_tiles = int((w.n + 15) / 16);
     p.k_steps = int((w.k + 31) / 32);
-    detail::launch_kernel(bp.fn, dim3(bp.grid), dim3(kernels::kBf16Warps * 32), 0, stream, plan.pdl, p);
+    p.split = bp.split;
+    detail::launch_kernel(bp.fn, dim3(bp.grid), dim3(kernels::kBf16Warps * 32), size_t(bp.smem), stream, plan.pdl, p);
   };
   // Element-wise kernels (gather, activation, combine): one 16-byte vector of a row per thread.
   using detail::kRowVectorThreads;

@@ -26,6 +26,11 @@ void set_moe_clusters(int on);
 // (FP4KIT_MOE_MMA=1 forces mma.sync; default off). Not thread-safe: set it before the calls it affects.
 void set_moe_mma(int on);
 
+// The BF16 experts' GEMV (moe.cu, plan_bf16): warps per 16-row tile, 1, 2, 4 or 8 (capped by K's steps), 0 by
+// its rule, -1 as the environment says (FP4KIT_MOE_BF16_SPLIT; default the rule). Not thread-safe: set it
+// before the calls it affects.
+void set_moe_bf16_split(int split);
+
 // The CTAs of the schedule's grid form for a pass of `tokens` tokens at top_k (kernels/moe_align.cuh:
 // passes of many pairs), or 0 where the pass builds it in one CTA.
 int moe_align_grid(int tokens, int top_k);

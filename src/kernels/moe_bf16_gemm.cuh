@@ -12,10 +12,13 @@
 // Why it is shaped this way
 //   A decode MoE step is the touched experts' weight bytes over HBM bandwidth; BF16 weights are ~3.8x
 //   the FP4 bytes, so the kernel only has to stream them without stalls:
-//   - One warp owns one 16-row tile of one expert for the whole K: no split-K, hence no partials, fences or
-//     arrival counters (the fixed cost that limits the FP4 grouped GEMM on small experts). gpt-oss-120b at
-//     T = 1 has 4 x 360 gate_up and 4 x 180 down tiles: enough warps to cover every SM.
-//   - Tiles are dealt round-robin over CTAs first (tile i -> CTA i % G, then warp), so every SM gets the
+//   - A group of S warps of one CTA (split: 1, 2, 4 or 8) owns one 16-row tile of one expert, warp z of the
+//     group K steps [z k_steps / S, (z + 1) k_steps / S): no partials in global memory, fences or arrival
+//     counters (the fixed cost that limits the FP4 grouped GEMM on small experts). Where the touched
+//     experts have few tiles (gpt-oss-120b at T = 1: 4 x 360 gate_up and 4 x 180 down tiles for 2112
+//     resident warps) S > 1 puts every warp to streaming (the plan's rule, moe.cu); the group's warps
+//     then add their accumulators through shared memory in z order (deterministic) and warp 0 stores.
+//   - Tiles are dealt round-robin over CTAs first (tile i -> CTA i % G, then group), so every SM gets the
 //     same number of tiles (+-1) whatever the routing; the tile count is read from the device schedule,
 //     so the launch (grid = resident CTAs) is CUDA-graph safe.
 //   - Y^T = W X^T on mma.m16n8k16: the 16 weight rows are the A operand, loaded straight into registers.
@@ -52,14 +55,15 @@ struct Bf16GroupedParams {
   int n, k;
   int row_tiles;          // ceil(n / 16)
   int k_steps;            // ceil(k / 32)
+  int split;              // warps per tile (1, 2, 4 or 8); > 1: bf16_split_smem(NT) bytes of dynamic shared memory
 };
 
 constexpr int kBf16Warps = 8;  // warps per CTA (2 CTAs per SM)
+// Shared memory of a split launch: every warp's accumulators (NT x 4 floats per lane).
+constexpr int bf16_split_smem(int n_tiles) { return kBf16Warps * n_tiles * 4 * 32 * 4; }
 
 // Ring depth per token-tile count: the deepest ring that stays within 128 registers.
-template <int NT> struct Bf16Depth {
-  static constexpr int value = NT <= 2 ? 8 : NT == 4 ? 6 : 4;
-};
+constexpr int bf16_depth(int n_tiles) { return n_tiles <= 2 ? 8 : n_tiles == 4 ? 6 : 4; }
 
 // 16 weight bytes: read-only path, no L1 allocation, L2 evict-first, 256-byte L2 prefetch.
 __device__ __forceinline__ uint4 ld_weight16(const uint4* p, uint64_t policy) {
@@ -72,19 +76,24 @@ __device__ __forceinline__ uint4 ld_weight16(const uint4* p, uint64_t policy) {
 
 template <int NT>
 __global__ void __launch_bounds__(kBf16Warps * 32, 2) moe_bf16_gemm_kernel(const Bf16GroupedParams p) {
-  constexpr int D = Bf16Depth<NT>::value;
+  constexpr int D = bf16_depth(NT);
   griddep_launch_dependents();
   griddep_wait();  // the schedule and X: written by the previous kernels
+  extern __shared__ float bf16_red[];  // split > 1: [warp][NT * 4][32]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const int S = p.split, group = warp / S, z = warp % S;
   const int64_t tiles = int64_t(*p.n_active) * p.row_tiles;
-  const int64_t step = int64_t(gridDim.x) * kBf16Warps;
+  const int64_t step = int64_t(gridDim.x) * (kBf16Warps / S);
   const int kv = p.k / 8;  // 16-byte pieces per row (k is a multiple of 8)
+  const int s_begin = p.k_steps * z / S, s_end = p.k_steps * (z + 1) / S;  // this warp's K steps
   const uint64_t pol = evict_first_policy();
   const uint4 zero = make_uint4(0, 0, 0, 0);
   const uint4* x = static_cast<const uint4*>(p.x);
+  // The group's warps meet on named barrier 1 + group (0 is __syncthreads'), S * 32 threads.
+  auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(S * 32) : "memory"); };
 
-  for (int64_t i = blockIdx.x + int64_t(gridDim.x) * warp; i < tiles; i += step) {
+  for (int64_t i = blockIdx.x + int64_t(gridDim.x) * group; i < tiles; i += step) {
     const int e = p.active[int(i / p.row_tiles)];
     const int tile = int(i % p.row_tiles);
     const int r0 = p.offset[e], m = p.offset[e + 1] - r0;
@@ -107,21 +116,23 @@ __global__ void __launch_bounds__(kBf16Warps * 32, 2) moe_bf16_gemm_kernel(const
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
 
+    // Stages past this warp's range are not read (they are the next warp's): a split costs no bytes.
     uint4 ra[D], rb[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) {
-      const bool v = 4 * d + t < kv;
-      ra[d] = (ok_a && v) ? ld_weight16(wa + 4 * d, pol) : zero;
-      rb[d] = (ok_b && v) ? ld_weight16(wb + 4 * d, pol) : zero;
+      const int sl = s_begin + d;
+      const bool v = sl < s_end && 4 * sl + t < kv;
+      ra[d] = (ok_a && v) ? ld_weight16(wa + 4 * sl, pol) : zero;
+      rb[d] = (ok_b && v) ? ld_weight16(wb + 4 * sl, pol) : zero;
     }
-    for (int s0 = 0; s0 < p.k_steps; s0 += D) {
+    for (int s0 = s_begin; s0 < s_end; s0 += D) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int s = s0 + d;
-        if (s >= p.k_steps) break;
+        if (s >= s_end) break;
         {  // refill the slot stage s-1 used with stage s+D-1
           const int sl = s + D - 1;
-          const bool v = 4 * sl + t < kv;
+          const bool v = sl < s_end && 4 * sl + t < kv;
           ra[(d + D - 1) % D] = (ok_a && v) ? ld_weight16(wa + 4 * sl, pol) : zero;
           rb[(d + D - 1) % D] = (ok_b && v) ? ld_weight16(wb + 4 * sl, pol) : zero;
         }
@@ -140,6 +151,26 @@ __global__ void __launch_bounds__(kBf16Warps * 32, 2) moe_bf16_gemm_kernel(const
       }
     }
 
+    if (S > 1) {
+      // The group's sum in z order: warps 1 .. S-1 park their accumulators, warp 0 adds them to its own.
+      float* mine = bf16_red + warp * (NT * 4 * 32) + lane;
+      if (z > 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) mine[(nt * 4 + c) * 32] = acc[nt][c];
+      }
+      group_sync();
+      if (z == 0) {
+        for (int o = 1; o < S; ++o)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[nt][c] += mine[o * (NT * 4 * 32) + (nt * 4 + c) * 32];
+      }
+      group_sync();  // the slots are free for the next tile
+      if (z > 0) continue;
+    }
     // Epilogue: c0, c1 = rows g (tokens 2t, 2t+1), c2, c3 = row g+8.
     __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
     const __nv_bfloat16* bias = p.bias ? static_cast<const __nv_bfloat16*>(p.bias) + int64_t(e) * p.n : nullptr;
