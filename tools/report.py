@@ -315,8 +315,8 @@ def update_readme(path, table, marker="perf-table"):
     Path(path).write_text(head + b + "\n" + table + "\n" + e + tail)
 
 
-def plot_prefill(d, outdir):
-    """prefill_speedup_<model>.png: speedup over cuBLAS BF16 vs m, one panel per (format, layer), with the best
+def plot_prefill(d, outdir, prefix):
+    """<prefix>_<model>.png: speedup over cuBLAS BF16 vs m, one panel per (format, layer), with the best
     decode config, the best prefill config and dispatch's pick."""
     import matplotlib
     matplotlib.use("Agg")
@@ -350,7 +350,7 @@ def plot_prefill(d, outdir):
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{model}: fp4kit decode and prefill kernels on {d['device']} ({d['commit']})", fontsize=10)
         fig.tight_layout()
-        name = Path(outdir) / f"prefill_speedup_{model}.png"
+        name = Path(outdir) / f"{prefix}_{model}.png"
         fig.savefig(name, dpi=110)
         plt.close(fig)
         print(f"wrote {name}")
@@ -364,7 +364,10 @@ def plot(runs, outdir):
     outdir.mkdir(parents=True, exist_ok=True)
     for d in runs:
         if has_prefill(d):
-            plot_prefill(d, outdir)
+            # A decode suite whose m <= 64 rows include the prefill kernel keeps its own file name
+            # (speedup_<model>.png); only a *-prefill suite (m up to 16384) draws prefill_speedup_<model>.png.
+            prefill_suite = str(d.get("suite", "")).endswith("-prefill")
+            plot_prefill(d, outdir, "prefill_speedup" if prefill_suite else "speedup")
             continue
         rows = d["rows"]
         for model in sorted({r["model"] for r in rows}):

@@ -83,6 +83,23 @@ def test_prefill_plot(tmp_path):
     assert (tmp_path / "plots" / "prefill_speedup_llama-3.3-70b.png").stat().st_size > 1000, out.stdout
 
 
+def test_decode_suite_with_prefill_rows_keeps_its_plot_name(tmp_path):
+    # A decode suite (m <= 64) whose dispatch picks the prefill kernel at some m is drawn in the decode +
+    # prefill layout under speedup_<model>.png: it must not overwrite the *-prefill suite's plot.
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (needed for --plot only)")
+    prefill = _prefill_run(tmp_path)
+    d = json.loads(prefill.read_text())
+    d["suite"] = "llama70b"
+    d["rows"] = [r for r in d["rows"] if r["m"] <= 64 or r["kernel"] == "prefill"]
+    decode = tmp_path / "decode.json"
+    decode.write_text(json.dumps(d))
+    plots = tmp_path / "plots"
+    out = subprocess.run([sys.executable, str(REPORT), str(prefill), str(decode), "--plot", str(plots)],
+                         capture_output=True, text=True, check=True)
+    assert sorted(p.name for p in plots.iterdir()) == ["prefill_speedup_llama-3.3-70b.png",
+                                                       "speedup_llama-3.3-70b.png"], out.stdout
+
+
 def test_table_header_states_the_steady_clock_method():
     """The table text mentions the warm-up only where the JSON's method says the run used it."""
     rep = _report()
