@@ -612,6 +612,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // tokens runs m64n(BN/4) or m64n(BN/2) on the accumulator's prefix: a quarter or half of the tensor-core
   // work (its columns past NW stay zero and are never written). The width is uniform per CTA; each width
   // is its own copy of the loop, so every wgmma group keeps one shape.
+  // Ring slots: where the ring holds whole slices (S a multiple of a slice's 4 stages: the two-CTA entries'
+  // 4, the one-CTA BN = 64 entries' 8) slice jr of this CTA starts at slot (4 jr) mod S, so a stage's slot
+  // is a compile-time q plus at most one bit of jr, and its descriptor is the ring's plus a constant. The
+  // general r % S, a shared address and a descriptor rebuilt per stage took ~30 uniform-datapath
+  // instructions per stage and consumer warp (SASS at 10a331a), in a loop bound by instruction issue at
+  // m = 16-32. (Every address is below 2^18, so adding to the descriptor's 14-bit address field is exact.)
+  const uint64_t ring_desc = sw128_desc(ring);
   auto main_loop = [&](auto nw) {
     constexpr int NW = decltype(nw)::value;
     // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
@@ -623,12 +630,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       for (int q = 0; q < kStagesPerSlice; ++q) {
         const int s = j * kStagesPerSlice + q;
         if (s >= n_stages) break;  // uniform: only the last slice may be short
-        const int r = s - s_begin, slot = r % S;
-        mbar_wait(smem_u32(&full_bar[slot]), (r / S) & 1);
+        const int r = s - s_begin;
+        constexpr bool kWholeSlices = S % kStagesPerSlice == 0;
+        const unsigned jr = unsigned(j - j_begin);
+        const int slot = kWholeSlices ? int((jr * kStagesPerSlice) % unsigned(S)) + q : r % S;
+        const int prev = slot == 0 ? S - 1 : slot - 1;  // stage r - 1's slot
+        const uint32_t parity = kWholeSlices ? (jr * kStagesPerSlice / unsigned(S)) & 1u : uint32_t(r / S) & 1u;
+        mbar_wait(smem_u32(&full_bar[slot]), parity);
         if ((threadIdx.x & 127) == 0) trace_stage<kTrace>(r, 2 * (warp >> 2));
         const uint32_t st = ring + slot * G::kStage;
         const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
-        const uint64_t desc0 = sw128_desc(st);
+        const uint64_t desc0 = ring_desc + uint64_t((slot * G::kStage) >> 4);
 #pragma unroll
         for (int i = 0; i < kStageChunks; ++i) {
           // NVFP4's last stage may lack chunk 1: its records were not loaded, so its fragments are zeroed
@@ -656,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
             // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
             // of each read is its own thread's arrive, which compute-sanitizer's racecheck can follow
             // (one arrive per warp after __syncwarp is also ordered, but racecheck reports it).
-            mbar_arrive(smem_u32(&empty_bar[(r - 1) % S]));
+            mbar_arrive(smem_u32(&empty_bar[prev]));
           }
         }
       }
