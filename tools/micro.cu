@@ -2,11 +2,12 @@
 //
 // Contract
 //   fp4kit-micro [dequant|wgmma|all]     (default: all)
-//   dequant: the decode kernel's step per 32-bit word of codes (decode_gemm.cuh compute_stage: four pairs
-//            through layout::bf16_pair, four bf16x2 scale multiplies, one mma.m16n8k16), and the same step
-//            with parts left out, at 2 / 4 / 6 / 8 warps per scheduler (8-warp CTAs, 1-4 per SM). Records
-//            come from a 4-entry shared-memory ring (random bits), so nothing is loop-invariant; prints
-//            cycles per warp and word on one scheduler (the average over CTAs of clock64 around the loop).
+//   dequant: the decode kernel's step per 32-bit word of codes (decode_gemm.cuh compute_stage, with its own
+//            Act<bf16>::pair, mul2 and mma: four pairs, four bf16x2 scale multiplies, one mma.m16n8k16),
+//            and the same step with parts left out, at 2 / 4 / 6 / 8 warps per scheduler (8-warp CTAs,
+//            1-4 per SM). Records come from a 4-entry shared-memory ring (random bits), so nothing is
+//            loop-invariant; prints cycles per warp and word on one scheduler (the average over CTAs of
+//            clock64 around the loop).
 //   wgmma:   the prefill kernel's register-A wgmma (m64nNk16, BF16, B from a 128-byte-swizzled tile, one
 //            group of four k16 steps committed per iteration, wait_group 1 as its main loop does), by N and
 //            warpgroups per SM; prints MAC per clock per SM against the dense peak of 2048. sm_90a only.
@@ -22,31 +23,29 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/decode_layout.h"
+#include "kernels/decode_gemm.cuh"
 #include "kernels/prefill_gemm_sm90.cuh"
 
 namespace {
 
 constexpr int kSms = 132, kThreads = 256, kRing = 4, kIters = 4096;
 
+// The decode kernel's own pieces (decode_gemm.cuh): pair extraction, the bf16x2 scale multiply, the mma.
+using Bf16 = fp4kit::kernels::Act<__nv_bfloat16>;
+
+// Only the variants need these: an accumulating bf16x2 FMA (the "no mma" stand-in) and an mma with a zero
+// accumulator (the scale applied after it).
 __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm volatile("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, bool zero_c) {
-  if (zero_c)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma_zero_c(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
 // The variants of the decode step (per word).
@@ -68,15 +67,14 @@ __global__ void __launch_bounds__(kThreads, 4) dequant_kernel(const uint4* recs,
     const uint32_t q[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      uint32_t a[4] = {fp4kit::layout::bf16_pair<0>(q[s]), fp4kit::layout::bf16_pair<1>(q[s]),
-                       fp4kit::layout::bf16_pair<2>(q[s]), fp4kit::layout::bf16_pair<3>(q[s])};
+      uint32_t a[4] = {Bf16::pair<0>(q[s]), Bf16::pair<1>(q[s]), Bf16::pair<2>(q[s]), Bf16::pair<3>(q[s])};
       if (V == kFull || V == kNoMma)
 #pragma unroll
-        for (int p = 0; p < 4; ++p) a[p] = fma2(a[p], sc, 0x80008000u);
-      if (V == kFull || V == kNoScale) mma(acc, a, b0, b1, false);
+        for (int p = 0; p < 4; ++p) a[p] = Bf16::mul2(a[p], sc);
+      if (V == kFull || V == kNoScale) Bf16::mma(acc, a, b0, b1);
       if (V == kScaleAfterMma) {
         float d[4];
-        mma(d, a, b0, b1, true);
+        mma_zero_c(d, a, b0, b1);
 #pragma unroll
         for (int p = 0; p < 4; ++p) acc[p] = fmaf(__uint_as_float(sc), d[p], acc[p]);
       }

@@ -617,7 +617,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // is a compile-time q plus at most one bit of jr, and its descriptor is the ring's plus a constant. The
   // general r % S, a shared address and a descriptor rebuilt per stage took ~30 uniform-datapath
   // instructions per stage and consumer warp (SASS at 10a331a), in a loop whose instruction issue is one
-  // of its bounds at m = 16-32 (docs/prefill-notes.md). (Every address is below 2^18, so adding to the descriptor's 14-bit address field is exact.)
+  // of its bounds at m = 16-32 (docs/prefill-notes.md). Every shared address is below 2^18, so adding to
+  // the descriptor's 14-bit address field is exact.
   const uint64_t ring_desc = sw128_desc(ring);
   auto main_loop = [&](auto nw) {
     constexpr int NW = decltype(nw)::value;
