@@ -16,6 +16,12 @@ constexpr int64_t kPrefillRows = 128;  // weight rows per prefill CTA (8 warps x
 // per-slice work that one CTA pays alone.
 constexpr double kBnOverhead = 125.0, kBnOverheadB2 = 100.0, kRampSlices = 3.0, kSplitSlices = 1.0,
                  kUsPerUnit = 0.0111;
+// A split CTA's partial tile is 128 x BN fp32 (stored, then read back by the last arrival): at BN = 256
+// twice BN = 128's bytes, for 1.5 times the slice time, so it costs kSplitSlices per 128 tokens of width.
+// Measured (docs/prefill-notes.md, "The split cost of 256-token tiles"): Llama-3.3-70B o at m = 256 ran
+// p256_w8_s3_k8 (64 tiles x 2 splits) 4.6% slower than p128_w8_s5 (128 whole-K tiles, one wave), which the
+// flat charge ranked the other way.
+double split_slices(const KernelConfig& c) { return kSplitSlices * std::max(1.0, 8.0 * c.n_tiles / 128.0); }
 // A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
 // are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
 constexpr double kSplitMinGain = 0.97;
@@ -62,7 +68,7 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
       const int64_t tail = tiles - w * sms;
       if (tail * s > 2 * int64_t(sms)) continue;
       const double cost = double(w) * (double(slices) + kRampSlices) +
-                          double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + kSplitSlices);
+                          double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + split_slices(c));
       // Against whole K the margin; among splits the cheapest (ties: fewer splits, then fewer whole waves).
       if (best.splits == 1 ? cost < best.slice_times * kSplitMinGain : cost < best.slice_times) best = {s, tail, cost};
     }

@@ -278,7 +278,7 @@ struct PrefillSchedule {
 };
 PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, int64_t k, int sms);
 // Modelled time in arbitrary units: the schedule's whole-K waves x (slices + 3) plus its split waves x
-// (slices per split + 3 + 1), all x (BN + 125). Fitted (before the split tail) to every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
+// (slices per split + 3 + 1, + 2 at BN = 256), all x (BN + 125). Fitted (before the split tail) to every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
 // 84 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheaper than it was and a
 // slice costs more nearly its MMA work (BN); a CTA pays ~3 slices of pipeline fill and epilogue, a split
 // one more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and

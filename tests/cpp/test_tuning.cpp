@@ -284,14 +284,17 @@ TEST(analytic_default_prefill) {
   CHECK_EQ(pick_config(128, 8192, 8192, nullptr, 8, 132), id_of("a128_w8_s4_k8"));
   CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 8, 132), id_of("a128_w8_s4"));
   CHECK(find_config(pick_config(256, 10240, 8192, nullptr, 8, 132))->pipeline == kMma);
-  // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o and down split K 2 ways over
-  // 256-token tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
+  // Llama-3.3-70B layers on 132 SMs (docs/prefill-notes.md): at m = 256 o takes 128 whole-K 128-token
+  // tiles (one wave; a 256-token tile's split costs two slices), down splits K 2 ways over 256-token
+  // tiles; qkv (80 row blocks) takes 160 128-token tiles, one whole-K wave and the last 28 split
   // 4 ways; gate_up (448 row blocks) three whole-K waves of 256-token tiles and the last 52 split 2 ways;
   // qkv keeps a split tail up to m = 1024 (320 tiles: two waves and 56 split), every other layer at
   // m >= 512 fills the device with whole-K 256-token tiles; m = 128 o takes 128-token tiles split 2 ways.
   // Small layers take smaller tiles: the tp8 qkv shard at m = 256, 128-token tiles split (23.3 us against
   // 35.2 for the 256-token tiles the former model chose).
-  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
+  CHECK_EQ(pick_config(256, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5"));
+  CHECK_EQ(pick_config(192, 8192, 8192, nullptr, 9, 132), id_of("p128_w8_s5"));
+  CHECK_EQ(pick_config(256, 7168, 8192, nullptr, 9, 132), id_of("p128_w8_s5"));  // tp8 gate_up: 112 tiles
   CHECK_EQ(pick_config(256, 10240, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
   CHECK_EQ(pick_config(256, 8192, 28672, nullptr, 9, 132), id_of("p256_w8_s3_k8"));
   CHECK_EQ(pick_config(256, 1280, 8192, nullptr, 9, 132), id_of("p128_w8_s5_k8"));
