@@ -21,7 +21,7 @@ constexpr double kBnOverhead = 125.0, kBnOverheadB2 = 100.0, kRampSlices = 3.0, 
 // Measured (docs/prefill-notes.md, "The split cost of 256-token tiles"): Llama-3.3-70B o at m = 256 ran
 // p256_w8_s3_k8 (64 tiles x 2 splits) 4.6% slower than p128_w8_s5 (128 whole-K tiles, one wave), which the
 // flat charge ranked the other way.
-double split_slices(const KernelConfig& c) { return kSplitSlices * std::max(1.0, 8.0 * c.n_tiles / 128.0); }
+double split_slices(const KernelConfig& c) { return kSplitSlices * std::max(1, c.n_tiles / 16); }  // 16 tiles: 128 tokens
 // A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
 // are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
 constexpr double kSplitMinGain = 0.97;

@@ -281,7 +281,7 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
 // (slices per split + 3 + 1, + 2 at BN = 256), all x (BN + 125). Fitted (before the split tail) to every config at m = 64-1024 on Llama-70B, Llama-8B, the tp8 shards and gpt-oss attention (two runs,
 // 84 points, docs/prefill-notes.md): with X in lane order the dequantisation is cheaper than it was and a
 // slice costs more nearly its MMA work (BN); a CTA pays ~3 slices of pipeline fill and epilogue, a split
-// one more for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and
+// one more per 128 tokens of tile width for its partials. The former constants (BN + 300, + 0.25, + 0.5) predate lane order and
 // favoured BN = 256 on small layers (up to 54% slower than the best config; 24 of the 84 points past 5%,
 // now none). Two CTAs per SM (min_blocks 2): waves of 2 x SMs CTAs, each slice x 2 (BN + 100), fitted to
 // the two-CTA entries' sweeps (62 points at m = 32-256: geometric mean 1.010 over the best config;
