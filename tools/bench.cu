@@ -5,12 +5,17 @@
 //   fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m 1,2,4,...]
 //                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
 //                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off] [--ceiling on|off]
+//                [--rounds N]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
 //   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
 //   L2, so every call streams cold weights), median over N >= 100 replays, per-call time = replay / calls;
 //   calls whose graph takes over 2 ms (large m) get fewer replays (about 0.15 s of them, at least 5) and
 //   graphs of fewer calls (at least 2): each row records its replays and calls per graph. Eager per-call
 //   time (one launch per call, event-timed) is reported beside it. Inputs are random, never zeros.
+//   With several configs per row (--config all, --tune, --compare) every config is timed in each of
+//   --rounds rounds (default 2 with --config all or --tune, else 1), each round in the reverse order of the one before,
+//   and its time is the median of its rounds: a config's place in one sequence must not decide a close
+//   race (JSON "rounds").
 //   Rows are marked with what dispatch picks (dispatch: true); --config all also times every other config
 //   that applies (decode configs up to twice the n_tiles m needs, the 64-token ones up to m = 256, the
 //   64-token default above; prefill configs of the device's family (wgmma on Hopper, mma.sync with --as-cc 8) whose token tile is at most max(64, 2m), split variants only
@@ -190,7 +195,7 @@ int main(int argc, char** argv) {
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
                                             {"tune", ""}, {"layer", ""}, {"compare", "auto"},
-                                            {"ceiling", "off"}, {"as-cc", ""}};
+                                            {"ceiling", "off"}, {"as-cc", ""}, {"rounds", ""}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
   // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
@@ -201,7 +206,9 @@ int main(int argc, char** argv) {
     if ((a == "-h" || a == "--help") && tuner) {
       std::printf("usage: fp4kit-tune --out PATH [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all]\n"
                   "                   [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME] [--replays N]\n"
-                  "  times every config of the table on each shape and m and writes the fastest per\n"
+                  "                   [--rounds N]\n"
+                  "  times every config of the table on each shape and m (N rounds, default 2, each in the\n"
+                  "  previous round's reverse order; a config's time is its median) and writes the fastest per\n"
                   "  (format, act, n, k, m) to PATH; load it with FP4KIT_TUNING_TABLE=PATH\n");
       return 0;
     }
@@ -209,6 +216,9 @@ int main(int argc, char** argv) {
       std::printf("usage: fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m LIST]\n"
                   "                    [--formats LIST] [--act bf16|fp16] [--config ID|all] [--json PATH]\n"
                   "                    [--commit SHA] [--replays N]\n"
+                  "                    [--rounds N]    (time the configs of a row N times, alternating forward and\n"
+                  "                                    reverse order, and report each one's median; default 2\n"
+                  "                                    with --config all or --tune, else 1)\n"
                   "                    [--tune PATH]   (time every config, write the fastest as a tuning table)\n"
                   "                    [--layer NAME]  (only that layer of the suite, e.g. o)\n"
                   "                    [--compare auto|on|off]  (also time the other kernel's default; auto: on\n"
@@ -238,6 +248,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: --formats lists nvfp4 and/or mxfp4 (got '%s')\n", me, fname.c_str());
       return 2;
     }
+  if (!opt["rounds"].empty() && (opt["rounds"].size() != 1 || opt["rounds"][0] < '1' || opt["rounds"][0] > '9')) {
+    std::fprintf(stderr, "%s: --rounds must be 1 to 9 (got '%s')\n", me, opt["rounds"].c_str());
+    return 2;
+  }
   if (opt["act"] != "bf16" && opt["act"] != "fp16") {
     std::fprintf(stderr, "%s: --act must be bf16 or fp16 (got '%s')\n", me, opt["act"].c_str());
     return 2;
@@ -262,6 +276,7 @@ int main(int argc, char** argv) {
   const bool sweep = opt["config"] == "all" || !opt["tune"].empty();
   const int config = sweep ? -1 : std::atoi(opt["config"].c_str());
   const int replays = std::max(100, std::atoi(opt["replays"].c_str()));
+  const int rounds = opt["rounds"].empty() ? (sweep ? 2 : 1) : std::atoi(opt["rounds"].c_str());
   const bool prefill_suite = opt["suite"].size() > 8 && opt["suite"].rfind("-prefill") == opt["suite"].size() - 8;
   const bool compare = opt["compare"] == "on" || (opt["compare"] == "auto" && prefill_suite);
   if (opt["m"].empty()) opt["m"] = prefill_suite ? kPrefillMs : "1,2,4,8,16,32,64";
@@ -472,30 +487,49 @@ int main(int argc, char** argv) {
       int best_cfg = picked;
       double best_us = 1e30;
       const Measured& cb = cublas[m];
-      for (int cfg : cfgs) {
+      // Every config's plan and workspace first; then `rounds` timing rounds over all of them, each in the
+      // reverse order of the one before, so that no config always runs first or after the same neighbour
+      // (single passes in one order ranked configs within ~5% of each other either way); a config's time is
+      // the median of its rounds (eager time, replays and calls from the first).
+      const size_t nc = cfgs.size();
+      std::vector<detail::DecodePlan> plans(nc);
+      std::vector<size_t> wsbs(nc, 0);
+      std::vector<void*> wss(nc, nullptr);
+      for (size_t ci = 0; ci < nc; ++ci) {
+        CKS(detail::make_plan(m, PackedWeight{f, n, k, wp[0]}, act, cfgs[ci], &plans[ci]));
+        CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsbs[ci], cfgs[ci]));
+        if (wsbs[ci]) { CK(cudaMalloc(&wss[ci], wsbs[ci])); CK(cudaMemset(wss[ci], 0, wsbs[ci])); }
+      }
+      auto call_cfg = [&](size_t ci, int64_t mm, void* w) {
+        GemmArgs ga;
+        ga.m = mm; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, w}; ga.y = y;
+        ga.workspace = wss[ci]; ga.workspace_bytes = wsbs[ci]; ga.config = cfgs[ci];
+        CKS(gemm(ga, s));
+      };
+      std::vector<Measured> first(nc);
+      std::vector<std::vector<double>> times(nc);
+      for (int rd = 0; rd < rounds; ++rd)
+        for (size_t o = 0; o < nc; ++o) {
+          const size_t ci = rd % 2 ? nc - 1 - o : o;
+          const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, m, wp[size_t(i % copies)]); },
+                                     rd == 0);
+          if (rd == 0) first[ci] = r;
+          times[ci].push_back(r.us);
+        }
+      for (size_t ci = 0; ci < nc; ++ci) {
+        const int cfg = cfgs[ci];
         const KernelConfig& kc = *find_config(cfg);
-        detail::DecodePlan plan;
-        CKS(detail::make_plan(m, PackedWeight{f, n, k, wp[0]}, act, cfg, &plan));
-        size_t wsb = 0;
-        CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsb, cfg));
-        void* ws = nullptr;
-        if (wsb) { CK(cudaMalloc(&ws, wsb)); CK(cudaMemset(ws, 0, wsb)); }
-        auto call_on = [&](int64_t mm, void* w) {
-          GemmArgs ga;
-          ga.m = mm; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, w}; ga.y = y;
-          ga.workspace = ws; ga.workspace_bytes = wsb; ga.config = cfg;
-          CKS(gemm(ga, s));
-        };
-        auto call = [&](int i) { call_on(m, wp[size_t(i % copies)]); };
-        const Measured r = measure(s, copies, replays, call);
-        const double us = r.us;
+        const detail::DecodePlan& plan = plans[ci];
+        const size_t wsb = wsbs[ci];
+        const Measured& r = first[ci];
+        const double us = median(times[ci]);
         if (us < best_us) { best_us = us; best_cfg = cfg; }
         double check = -1;
         if (bf16) {  // this config at this m on the last copy; its first min(m, m_ref) tokens
-          call_on(m, wp.back());
+          call_cfg(ci, m, wp.back());
           check = rel_l2_device(y, yref, size_t(std::min(m, m_ref) * n), s);
         }
-        CK(cudaFree(ws));
+        CK(cudaFree(wss[ci]));
         const double tbps = double(ckpt_bytes) / (us * 1e-6) / 1e12;
         const double speedup = cb.us / us;
         const double tflops = 2.0 * double(m) * double(n) * double(k) / (us * 1e-6) / 1e12;
@@ -517,7 +551,7 @@ int main(int argc, char** argv) {
              << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
              << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
              << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check
-             << ", \"replays\": " << r.replays << ", \"graph_calls\": " << r.calls << ", \"eager_iters\": "
+             << ", \"replays\": " << r.replays << ", \"rounds\": " << rounds << ", \"graph_calls\": " << r.calls << ", \"eager_iters\": "
              << r.eager_iters << ", \"cublas_replays\": " << cb.replays << ", \"cublas_graph_calls\": " << cb.calls
              << "}";
       }
