@@ -1,7 +1,7 @@
 // fp4kit-micro: the GEMM kernels' inner steps timed on their own, with no memory traffic, in SM cycles.
 //
 // Contract
-//   fp4kit-micro [dequant|wgmma|all]     (default: all)
+//   fp4kit-micro [dequant|wgmma|wstream|all]     (default: all)
 //   dequant: the decode kernel's step per 32-bit word of codes (decode_gemm.cuh compute_stage, with its own
 //            Act<bf16>::pair, mul2 and mma: four pairs, four bf16x2 scale multiplies, one mma.m16n8k16),
 //            and the same step with parts left out, at 2 / 4 / 6 / 8 warps per scheduler (8-warp CTAs,
@@ -12,6 +12,15 @@
 //            group of four k16 steps committed per iteration, wait_group 1 as its main loop does), by N and
 //            warpgroups per SM; prints MAC per clock per SM against the dense peak of 2048. sm_90a only.
 //   One CTA grid of 132 x CTAs-per-SM; results go to device memory so that nothing is dead code.
+//   wstream: the prefill kernel's weight stream alone (sm_90a): one producer thread per CTA copies the
+//            prepacked records of 8 row tiles (a 128-row block) by TMA boxes of {256 B, P pieces, 8 row
+//            tiles} into a ring of shared-memory slots with full/empty mbarriers, as the kernel's producer
+//            does, and 8 consumer warps only wait for each slot and hand it back. The run per row tile and
+//            copy is P x 256 B (1, 2 or 4 KB; the kernel copies 1 KB), the ring holds the same bytes
+//            for each run (64 KB per CTA), two CTAs per SM, one CTA per 128-row block of a
+//            Llama-3.3-70B gate_up weight (57344 x 8192, 235 MB of codes) over 4 rotating copies;
+//            prints TB/s (CUDA events, median of 20 launches) beside a plain 16-byte-load read of the
+//            same bytes.
 //
 // Why: the issue slots a step takes tell whether a kernel that streams the weights can hide its compute
 // behind the stream (docs/decode-gemm-notes.md, "The dequantisation by part"), and whether the register-A
@@ -19,6 +28,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cuda.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -219,13 +231,157 @@ void run_wgmma() {
   cudaFree(out);
 }
 
+// ---- wstream ------------------------------------------------------------------------------------------
+constexpr int kWsRowTiles = 57344 / 16, kWsChunks = 8192 / 64;  // gate_up: row tiles, 64-K chunks per tile
+constexpr size_t kWsTileBytes = size_t(kWsChunks) * 512, kWsBytes = kWsTileBytes * kWsRowTiles;
+constexpr int kWsRingBytes = 64 * 1024, kWsCopies = 4;
+
+// P pieces of 256 B per row tile and copy; S = ring slots of 8 row tiles x P x 256 B.
+template <int P>
+__global__ void __launch_bounds__(288, 2) wstream_kernel(const __grid_constant__ CUtensorMap map, int* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kSlot = 8 * P * 256, S = kWsRingBytes / kSlot, kSteps = 2 * kWsChunks / P;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  const uint32_t ring = (pk::smem_u32(smem) + 1023u) & ~1023u;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      pk::mbar_init(pk::smem_u32(&full[i]), 1);
+      pk::mbar_init(pk::smem_u32(&empty[i]), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  const int rt0 = blockIdx.x * 8;
+  if (warp == 8) {  // the producer
+    if (lane != 0) return;
+    for (int s = 0; s < kSteps; ++s) {
+      const int slot = s % S;
+      if (s >= S) pk::mbar_wait(pk::smem_u32(&empty[slot]), ((s / S) & 1) ^ 1);
+      const uint32_t bar = pk::smem_u32(&full[slot]);
+      pk::mbar_arrive_expect_tx(bar, kSlot);
+      pk::tma_load_w(ring + slot * kSlot, &map, s * P, rt0, 0, bar);
+    }
+    return;
+  }
+  int acc = 0;
+  for (int s = 0; s < kSteps; ++s) {  // each consumer warp reads one word of its row tile, then frees the slot
+    const int slot = s % S;
+    pk::mbar_wait(pk::smem_u32(&full[slot]), (s / S) & 1);
+    acc ^= int(pk::lds128(ring + slot * kSlot + warp * P * 256 + lane * 16).x);
+    __syncwarp();
+    if (lane == 0) pk::mbar_arrive(pk::smem_u32(&empty[slot]));
+  }
+  if (acc == 0x12345678) out[blockIdx.x] = acc;
+#endif
+}
+
+__global__ void plain_read_kernel(const uint4* w, size_t n16, int* out) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = int(acc);
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The prefill kernel's weight map (prefill.cu w_tensor_map) with a box of P pieces per row tile.
+bool ws_map(EncodeTiled enc, void* base, int P, CUtensorMap* map) {
+  const cuuint64_t dims[4] = {256, cuuint64_t(2 * kWsChunks), cuuint64_t(kWsRowTiles), 1};
+  const cuuint64_t strides[3] = {256, kWsTileBytes, kWsBytes};
+  const cuuint32_t box[4] = {256, cuuint32_t(P), 8, 1}, es[4] = {1, 1, 1, 1};
+  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+         CUDA_SUCCESS;
+}
+
+template <typename Launch> double median_tbps(Launch launch) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int it = 0; it < 24; ++it) {
+    cudaEventRecord(a);
+    launch(it % kWsCopies);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    if (it >= 4) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(kWsBytes) / (ms[ms.size() / 2] * 1e-3) / 1e12;
+}
+
+template <int P> void time_wstream(EncodeTiled enc, const std::vector<uint8_t*>& bufs, int* out) {
+  std::vector<CUtensorMap> maps(bufs.size());
+  for (size_t i = 0; i < bufs.size(); ++i)
+    if (!ws_map(enc, bufs[i], P, &maps[i])) {
+      printf("wstream: cuTensorMapEncodeTiled failed (P = %d)\n", P);
+      return;
+    }
+  const int smem = kWsRingBytes + 1024;
+  cudaFuncSetAttribute(wstream_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const double tbps = median_tbps([&](int c) { wstream_kernel<P><<<kWsRowTiles / 8, 288, smem>>>(maps[size_t(c)], out); });
+  printf("TMA boxes of %d KB per row tile (%2d slots of %2d KB): %5.2f TB/s  (%s)\n", P / 4, kWsRingBytes / (8 * P * 256),
+         8 * P / 4, tbps, cudaGetErrorString(cudaGetLastError()));
+}
+
+void run_wstream() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) {
+    printf("wstream: skipped (needs sm_90)\n");
+    return;
+  }
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || !fn) {
+    printf("wstream: no cuTensorMapEncodeTiled\n");
+    return;
+  }
+  std::vector<uint8_t*> bufs(kWsCopies);
+  for (auto& b : bufs) {
+    cudaMalloc(&b, kWsBytes);
+    cudaMemset(b, 0x5a, kWsBytes);
+  }
+  int* out;
+  cudaMalloc(&out, 8192 * sizeof(int));
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  printf("weight stream of a 57344 x 8192 weight's codes (%.0f MB), %d CTAs of one 128-row block each\n",
+         kWsBytes / 1e6, kWsRowTiles / 8);
+  const double plain = median_tbps([&](int c) {
+    plain_read_kernel<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(bufs[size_t(c)]), kWsBytes / 16, out);
+  });
+  printf("plain 16-byte loads, whole buffer:                 %5.2f TB/s\n", plain);
+  const auto enc = reinterpret_cast<EncodeTiled>(fn);
+  time_wstream<4>(enc, bufs, out);
+  time_wstream<8>(enc, bufs, out);
+  time_wstream<16>(enc, bufs, out);
+  for (auto b : bufs) cudaFree(b);
+  cudaFree(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "all";
   const bool all = !strcmp(what, "all");
-  if (!all && strcmp(what, "dequant") && strcmp(what, "wgmma")) {
-    fprintf(stderr, "fp4kit-micro: the argument is dequant, wgmma or all (got '%s')\n", what);
+  if (!all && strcmp(what, "dequant") && strcmp(what, "wgmma") && strcmp(what, "wstream")) {
+    fprintf(stderr, "fp4kit-micro: the argument is dequant, wgmma, wstream or all (got '%s')\n", what);
     return 2;
   }
   int n = 0;
@@ -235,5 +391,6 @@ int main(int argc, char** argv) {
   }
   if (all || !strcmp(what, "dequant")) run_dequant();
   if (all || !strcmp(what, "wgmma")) run_wgmma();
+  if (all || !strcmp(what, "wstream")) run_wstream();
   return 0;
 }
