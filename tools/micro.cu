@@ -1,4 +1,5 @@
-// fp4kit-micro: the GEMM kernels' inner steps timed on their own, with no memory traffic, in SM cycles.
+// fp4kit-micro: the GEMM kernels' inner steps timed on their own (compute steps with no memory traffic, and the
+// prefill kernel's weight copies with no compute), in SM cycles or TB/s.
 //
 // Contract
 //   fp4kit-micro [dequant|wgmma|wstream|all]     (default: all)
