@@ -679,7 +679,6 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.active = b.active;
     s.block_row = b.block_row;
     s.block_rows = plan.block_rows;
-    s.offset = b.offset;
     s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
     s.act_out = act_out;
     s.act = a.activation;

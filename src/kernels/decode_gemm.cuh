@@ -80,9 +80,9 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
 // weights. Experts nobody routed to are not read.
 struct GroupedSchedule {
   const int* n_active;      // [1] number of entries
-  const int* active;        // [entries] expert of each entry (any order)
-  const int* block_row;     // [entries] first sorted row of each entry
-  const int* offset;        // [E + 1] first sorted row of each expert; rows of expert e: [offset[e], offset[e+1])
+  const int* active;        // [entries] expert of each entry
+  const int* block_row;     // [entries + 1] first sorted row of each entry, then the rows' end: entry a holds
+                            // sorted rows [block_row[a], block_row[a + 1]) (moe_align.cuh)
   int block_rows;           // rows per entry at most (0: all of the expert's)
   ExpertStack experts;
   // Cluster mode only (gate_up with interleaved gate/up rows): non-null, the reduction writes act(gate,
@@ -508,18 +508,39 @@ __device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_ma
   u += j1 - j0;
 }
 
+// A grouped entry: its expert and its sorted rows [r0, r1). Three loads whose addresses the entry's index
+// gives (the end is the next entry's start), so one round trip; the end was once the expert's end offset,
+// a second round trip after the expert's id, on every segment's way to its X rows.
+struct Entry {
+  int e, r0, r1;
+};
+__device__ __forceinline__ Entry load_entry(const GroupedSchedule& gs, int a) {
+  return Entry{gs.active[a], gs.block_row[a], gs.block_row[a + 1]};
+}
+// The same loads, issued here even where a branch follows that may leave before their values are used
+// (ptxas sinks plain loads past such a branch, which puts their round trip after the branch's own).
+__device__ __forceinline__ int ld_issued(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ Entry load_entry_issued(const GroupedSchedule& gs, int a) {
+  return Entry{ld_issued(gs.active + a), ld_issued(gs.block_row + a), ld_issued(gs.block_row + a + 1)};
+}
+
 // The segment's problem: the whole GEMM (lrg = rg), or (grouped) one expert's matrix and rows, with lrg
-// the row group inside that matrix.
+// the row group inside that matrix; `en` the entry of row group rg, when already loaded.
 template <typename T, bool kGrouped>
-__device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, DecodeParams& q, int& lrg) {
+__device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, DecodeParams& q, int& lrg,
+                                                const Entry* en = nullptr) {
   q = p;
   lrg = rg;
   if constexpr (kGrouped) {
     const GroupedSchedule& gs = p.grouped;
-    const int a = rg / p.row_groups, e = gs.active[a];
+    const Entry ent = en ? *en : load_entry(gs, rg / p.row_groups);
+    const int e = ent.e, r0 = ent.r0;
     lrg = rg % p.row_groups;
-    const int r0 = gs.block_row[a], rows = gs.offset[e + 1] - r0;
-    q.m = gs.block_rows > 0 ? min(gs.block_rows, rows) : rows;
+    q.m = ent.r1 - r0;  // at most block_rows (align cuts each expert's rows so)
     q.weights = reinterpret_cast<const uint4*>(gs.experts.weights(e));
     q.scales = gs.experts.scales(e);
     q.out_scale = gs.experts.out_scale(e);
@@ -805,6 +826,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   // Stream-K: CTA b owns units [b*U/G, (b+1)*U/G) of the (row group, K slice) space, row-group major.
   // `rg` below is the row group in that space (grouped: active expert * row_groups + its row group).
   int64_t units, G, u_begin, u_end;
+  Entry cluster_entry{};  // grouped cluster mode: the one segment's entry, loaded with the entry count
   if constexpr (kCluster) {  // one segment: this CTA's K slices of its cluster's row group (above)
     griddep_launch_dependents();
     units = p.units;
@@ -814,9 +836,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     const int c = int(blockIdx.x) / S;
     if constexpr (kGrouped) {
       // Grouped: the grid covers the most entries a call can have; clusters past the schedule's row
-      // groups leave, all their CTAs together (c is the cluster's), before any cluster barrier.
+      // groups leave, all their CTAs together (c is the cluster's), before any cluster barrier. The
+      // entry is loaded with the entry count (the schedule's arrays hold the grid's most entries + 1, so
+      // the loads are in bounds; a leaving cluster's values go unused): one round trip, not two.
+      const int a = c / p.row_groups;
       griddep_wait();
-      if (c >= *p.grouped.n_active * p.row_groups) return;
+      const int n_active = ld_issued(p.grouped.n_active);
+      cluster_entry = load_entry_issued(p.grouped, a);
+      if (c >= n_active * p.row_groups) return;
     }
     const int64_t rg0 = int64_t(c) * p.k_macros;
     u_begin = rg0 + int64_t(p.k_macros) * z / S;
@@ -834,7 +861,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     int rg, j0, j1, lrg;
     next_segment(u, u_end, p.k_macros, rg, j0, j1);
     DecodeParams q;
-    segment_problem<T, kGrouped>(p, rg, q, lrg);
+    segment_problem<T, kGrouped>(p, rg, q, lrg, kCluster && kGrouped ? &cluster_entry : nullptr);
 
     int rt[RW];
 #pragma unroll
