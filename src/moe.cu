@@ -22,7 +22,9 @@
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
 // With MoEArgs::routing set, one launch before the passes routes every token from its router logits
-// (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there.
+// (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there; a call
+// of one pass of at most 32 tokens whose align is one CTA routes inside that CTA instead
+// (kernels/moe_route_align.cuh: the same ids and weights, one launch fewer).
 // Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
 // The kernels of steps 1, 3 and 5 are in kernels/moe_align.cuh and kernels/moe_elementwise.cuh; the
 // GEMMs in decode_gemm.cuh, moe_bf16_gemm.cuh, moe_bf16_mma.cuh and prefill_gemm_sm{90,80}.cuh.
@@ -57,6 +59,7 @@
 #include "launch.h"
 #include "moe_internal.h"
 #include "kernels/moe_align.cuh"
+#include "kernels/moe_route_align.cuh"
 #include "kernels/moe_bf16_gemm.cuh"
 #include "kernels/moe_elementwise.cuh"
 #include "gemm_internal.h"
@@ -653,15 +656,23 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   void* o = ws + plan.o_off;
   int* counters = reinterpret_cast<int*>(ws + plan.counters_off);
   float* partials = reinterpret_cast<float*>(ws + plan.partials_off);
-  // Routing from logits: every token's ids and weights into the workspace first.
+  // Routing from logits: every token's ids and weights into the workspace first; a call of one small pass
+  // whose align step is one CTA routes in that CTA (moe_route_align.cuh: one launch fewer).
   const int32_t* topk_ids = a.topk_ids;
   const float* topk_weights = a.topk_weights;
-  if (a.routing.mode != RoutingMode::kNone) {
-    int32_t* ids = reinterpret_cast<int32_t*>(ws + plan.route_ids_off);
-    float* wts = reinterpret_cast<float*>(ws + plan.route_w_off);
-    detail::launch_route(a.routing, a.tokens, E, a.top_k, ids, wts, stream, plan.pdl);
-    topk_ids = ids;
-    topk_weights = wts;
+  const bool routed_here = a.routing.mode != RoutingMode::kNone;
+  const int n_group = a.routing.mode == RoutingMode::kSigmoidGroupedTopK ? a.routing.n_group : 1;
+  const bool route_in_align = routed_here && a.tokens <= plan.pass_tokens() &&
+                              detail::moe_align_grid(int(a.tokens), a.top_k) == 0 &&
+                              kernels::route_align_fits(a.tokens, E, n_group);
+  int32_t* route_ids = nullptr;
+  float* route_w = nullptr;
+  if (routed_here) {
+    route_ids = reinterpret_cast<int32_t*>(ws + plan.route_ids_off);
+    route_w = reinterpret_cast<float*>(ws + plan.route_w_off);
+    if (!route_in_align) detail::launch_route(a.routing, a.tokens, E, a.top_k, route_ids, route_w, stream, plan.pdl);
+    topk_ids = route_ids;
+    topk_weights = route_w;
   }
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y,
@@ -768,7 +779,15 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     const int32_t* ids = topk_ids + t0 * a.top_k;
     const int n_counters = int(plan.counters_bytes / sizeof(int));
-    if (const int ctas = detail::moe_align_grid(tokens, a.top_k)) {  // many pairs: the schedule from a grid
+    if (route_in_align) {
+      const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
+      const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));
+      const size_t smem = kernels::route_align_smem_bytes(tokens, E, n_group);
+      auto fn = a.routing.logits_dtype == DType::kBF16  ? kernels::route_align_kernel<__nv_bfloat16>(E)
+                : a.routing.logits_dtype == DType::kF16 ? kernels::route_align_kernel<__half>(E)
+                                                        : kernels::route_align_kernel<float>(E);
+      detail::launch_kernel(fn, dim3(1), block, smem, stream, plan.pdl, rp, plan.block_rows, b, counters, n_counters);
+    } else if (const int ctas = detail::moe_align_grid(tokens, a.top_k)) {  // many pairs: the schedule from a grid
       const dim3 grid{unsigned(ctas)};
       detail::launch_kernel(&moe_align_count_kernel, grid, dim3(kernels::kAlignSplitThreads), E * sizeof(int), stream,
                             plan.pdl, ids, pairs, a.top_k, E, b, counters, n_counters);

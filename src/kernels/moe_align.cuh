@@ -249,16 +249,10 @@ __device__ __forceinline__ void zero_counters(int* counters, int n_counters) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_counters; i += gridDim.x * blockDim.x) counters[i] = 0;
 }
 
-// The whole schedule in one CTA of kAlignThreads threads (passes of few pairs). The bound names the one CTA:
-// without it ptxas fits 32 registers (two CTAs per SM) and spilled.
-__global__ void __launch_bounds__(kAlignThreads, 1)
-    moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts, int block_rows, AlignBufs b, int* counters,
-                     int n_counters) {
-  extern __shared__ int s_count[];  // [experts]: rows per expert, then each expert's next free row
-  __shared__ AlignSums s_warp[32];
-  griddep_launch_dependents();
-  griddep_wait();  // the ids and the workspace: written by earlier kernels
-  zero_counters(counters, n_counters);
+// The whole schedule of a pass by one CTA (any block size of whole warps, at most 32). s_count: [experts]
+// ints of shared memory (rows per expert, then each expert's next free row).
+__device__ __forceinline__ void align_one_cta(const int32_t* ids, int pairs, int top_k, int experts, int block_rows,
+                                              const AlignBufs& b, int* s_count, AlignSums* s_warp) {
   for (int e = threadIdx.x; e < experts; e += blockDim.x) s_count[e] = 0;
   __syncthreads();
   const int tokens = pairs / top_k;
@@ -266,6 +260,19 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   __syncthreads();
   align_offsets(experts, block_rows, b, true, s_count, s_warp, [&](int e) { return make_int2(s_count[e], 0); });
   assign_rows(ids, 0, tokens, top_k, experts, b, s_count);
+}
+
+// The whole schedule in one CTA of kAlignThreads threads (passes of few pairs). The bound names the one CTA:
+// without it ptxas fits 32 registers (two CTAs per SM) and spilled.
+__global__ void __launch_bounds__(kAlignThreads, 1)
+    moe_align_kernel(const int32_t* ids, int pairs, int top_k, int experts, int block_rows, AlignBufs b, int* counters,
+                     int n_counters) {
+  extern __shared__ int s_count[];  // [experts]
+  __shared__ AlignSums s_warp[32];
+  griddep_launch_dependents();
+  griddep_wait();  // the ids and the workspace: written by earlier kernels
+  zero_counters(counters, n_counters);
+  align_one_cta(ids, pairs, top_k, experts, block_rows, b, s_count, s_warp);
 }
 
 // The two-kernel form, first kernel: CTA c's rows per expert into b.hist[c][e]; the counters zeroed.

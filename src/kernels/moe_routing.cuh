@@ -155,19 +155,14 @@ __device__ __forceinline__ void sort_desc(uint32_t (&ku)[V], uint32_t (&ki)[V]) 
   }
 }
 
-// V: keys per lane (E <= 32 V) for the top-k rounds, which run on registers.
+// Token t's ids and weights, by one whole warp. V: keys per lane (E <= 32 V) for the top-k rounds, which
+// run on registers; `key`: the warp's route_smem_floats_per_warp floats of shared memory.
 template <typename L, int V>
-__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const RouteParams p) {
-  extern __shared__ float route_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, float* key) {
+  const int lane = threadIdx.x % 32;
   const int E = p.experts, k = p.top_k;
-  float* key = route_smem + size_t(warp) * route_smem_floats_per_warp(E, p.n_group);
   float* score = key + E;
   float* gkey = score + E;
-  griddep_launch_dependents();
-  griddep_wait();  // the logits may come from the previous kernel
-  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
-  if (t >= p.tokens) return;  // whole warps leave: no shuffle below misses a lane
   const L* lg = static_cast<const L*>(p.logits) + t * E;
   int32_t* ids = p.ids + t * k;
   float* w = p.weights + t * k;
@@ -297,6 +292,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const Route
     ids[lane] = my_id;
     w[lane] = wt;
   }
+}
+
+template <typename L, int V>
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(const RouteParams p) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x / 32;
+  griddep_launch_dependents();
+  griddep_wait();  // the logits may come from the previous kernel
+  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.tokens) return;  // whole warps leave: no shuffle below misses a lane
+  route_token<L, V>(p, t, route_smem + size_t(warp) * route_smem_floats_per_warp(p.experts, p.n_group));
 }
 
 // The kernel instance for E experts (keys per lane: the next power of two of E / 32).

@@ -1299,12 +1299,14 @@ TEST(route_grouped_hand_worked) {
 }
 
 // fused_moe routing from logits gives the same bits as route() followed by fused_moe on its ids, on
-// both FP4 paths' decode side (T = 1, 37) and BF16 experts; and the routing rules reach its validator.
+// both FP4 paths' decode side and BF16 experts, with routing and align in one launch (T = 1, 20, 32: one
+// CTA routes every token, moe_route_align.cuh) and in two (T = 37); and the routing rules reach its
+// validator.
 TEST(moe_routes_from_logits) {
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool bf16 = variant == 2;
-    const Format f = variant == 1 ? Format::kNVFP4 : Format::kMXFP4;
-    const int E = 16, k = 4;
+  for (int variant = 0; variant < 4; ++variant) {  // 3: DeepSeek-V3's routing shape (E = 256, 8 groups, top-8)
+    const bool bf16 = variant == 2, grouped = variant == 1 || variant == 3;
+    const Format f = grouped ? Format::kNVFP4 : Format::kMXFP4;
+    const int E = variant == 3 ? 256 : 16, k = variant == 3 ? 8 : 4;
     const int64_t H = 160, I = 96;
     Experts gu, dn;
     if (bf16) {
@@ -1314,7 +1316,7 @@ TEST(moe_routes_from_logits) {
       make_experts(gu, f, E, 2 * I, H, false);
       make_experts(dn, f, E, H, I, false);
     }
-    for (int64_t T : {int64_t(1), int64_t(37)}) {
+    for (int64_t T : {int64_t(1), int64_t(20), int64_t(32), int64_t(37)}) {
       std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<uint16_t> xb(size_t(T * H));
       for (auto& b : xb) b = fp4test::to_bits(nd(rng()), true);
@@ -1327,11 +1329,11 @@ TEST(moe_routes_from_logits) {
       CUDA_OK(cudaMemset(dy1.p, 0xFF, xb.size() * 2));
       CUDA_OK(cudaMemset(dy2.p, 0xFF, xb.size() * 2));
       Routing r;
-      r.mode = variant == 1 ? RoutingMode::kSigmoidGroupedTopK : RoutingMode::kSoftmaxTopK;
+      r.mode = grouped ? RoutingMode::kSigmoidGroupedTopK : RoutingMode::kSoftmaxTopK;
       r.logits = dlg.p;
-      if (variant == 1) {
-        r.n_group = 4;
-        r.topk_group = 2;
+      if (grouped) {
+        r.n_group = variant == 3 ? 8 : 4;
+        r.topk_group = variant == 3 ? 4 : 2;
         r.routed_scaling_factor = 2.0f;
       }
       RouteArgs ra;
@@ -1392,7 +1394,7 @@ TEST(moe_routes_from_logits) {
       const fp4kit_format cf = f == Format::kNVFP4 ? FP4KIT_NVFP4 : FP4KIT_MXFP4;
       ca.gate_up = fp4kit_experts{kind, cf, gu.dev.data, gu.dev.stride, nullptr};
       ca.down = fp4kit_experts{kind, cf, dn.dev.data, dn.dev.stride, nullptr};
-      ca.routing_mode = variant == 1 ? FP4KIT_ROUTE_SIGMOID_GROUPED : FP4KIT_ROUTE_SOFTMAX;
+      ca.routing_mode = grouped ? FP4KIT_ROUTE_SIGMOID_GROUPED : FP4KIT_ROUTE_SOFTMAX;
       ca.router_logits = dlg.p;
       ca.n_group = r.n_group;
       ca.topk_group = r.topk_group;
