@@ -662,9 +662,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   const float* topk_weights = a.topk_weights;
   const bool routed_here = a.routing.mode != RoutingMode::kNone;
   const int n_group = a.routing.mode == RoutingMode::kSigmoidGroupedTopK ? a.routing.n_group : 1;
-  const bool route_in_align = routed_here && a.tokens <= plan.pass_tokens() &&
-                              detail::moe_align_grid(int(a.tokens), a.top_k) == 0 &&
-                              kernels::route_align_fits(a.tokens, E, n_group);
+  const bool route_in_align = routed_here && kernels::route_align_fits(a.tokens, E, n_group) &&
+                              a.tokens <= plan.pass_tokens() && detail::moe_align_grid(int(a.tokens), a.top_k) == 0;
   int32_t* route_ids = nullptr;
   float* route_w = nullptr;
   if (routed_here) {

@@ -7,8 +7,8 @@
 //   exactly as moe_route_kernel does (route_token: ids and weights into the workspace), then the CTA builds
 //   the pass's schedule from those ids exactly as moe_align_kernel does (align_one_cta) and zeroes the
 //   grouped GEMMs' arrival counters. For passes of at most kRouteAlignMaxTokens tokens that are the whole
-//   call (one pass), E <= 256 (V <= 8 keys per lane, 40 registers: the 1024-thread bound holds them) and
-//   a shared-memory need of at most 48 KB (route_align_fits).
+//   call (one pass), E <= 256 (V <= 8 keys per lane: 39-47 registers, within the 64 of the 1024-thread
+//   bound, no local memory) and a shared-memory need of at most 48 KB (route_align_fits).
 //
 // Why: a decode call's routing and align launches each wait for the previous kernel and then run a single
 // dependency chain of a few microseconds (docs/moe-notes.md: the align launch alone is ~2.8 us of a
