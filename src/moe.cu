@@ -662,8 +662,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   const float* topk_weights = a.topk_weights;
   const bool routed_here = a.routing.mode != RoutingMode::kNone;
   const int n_group = a.routing.mode == RoutingMode::kSigmoidGroupedTopK ? a.routing.n_group : 1;
-  const bool route_in_align = routed_here && kernels::route_align_fits(a.tokens, E, n_group) &&
-                              a.tokens <= plan.pass_tokens() && detail::moe_align_grid(int(a.tokens), a.top_k) == 0;
+  const bool route_in_align = routed_here && kernels::route_align_fits(a.tokens, E, n_group);
   int32_t* route_ids = nullptr;
   float* route_w = nullptr;
   if (routed_here) {
@@ -688,7 +687,6 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.n_active = b.n_active;
     s.active = b.active;
     s.block_row = b.block_row;
-    s.block_rows = plan.block_rows;
     s.experts = kernels::expert_stack(w.data, w.stride, w.bias, l);
     s.act_out = act_out;
     s.act = a.activation;

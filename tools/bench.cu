@@ -500,9 +500,9 @@ int main(int argc, char** argv) {
         CKS(gemm_workspace_bytes(m, PackedWeight{f, n, k, wp[0]}, act, &wsbs[ci], cfgs[ci]));
         if (wsbs[ci]) { CK(cudaMalloc(&wss[ci], wsbs[ci])); CK(cudaMemset(wss[ci], 0, wsbs[ci])); }
       }
-      auto call_cfg = [&](size_t ci, int64_t mm, void* w) {
+      auto call_cfg = [&](size_t ci, void* w) {
         GemmArgs ga;
-        ga.m = mm; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, w}; ga.y = y;
+        ga.m = m; ga.act = act; ga.x = x; ga.w = PackedWeight{f, n, k, w}; ga.y = y;
         ga.workspace = wss[ci]; ga.workspace_bytes = wsbs[ci]; ga.config = cfgs[ci];
         CKS(gemm(ga, s));
       };
@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
       for (int rd = 0; rd < rounds; ++rd)
         for (size_t o = 0; o < nc; ++o) {
           const size_t ci = rd % 2 ? nc - 1 - o : o;
-          const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, m, wp[size_t(i % copies)]); },
+          const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, wp[size_t(i % copies)]); },
                                      rd == 0);
           if (rd == 0) first[ci] = r;
           times[ci].push_back(r.us);
@@ -526,7 +526,7 @@ int main(int argc, char** argv) {
         if (us < best_us) { best_us = us; best_cfg = cfg; }
         double check = -1;
         if (bf16) {  // this config at this m on the last copy; its first min(m, m_ref) tokens
-          call_cfg(ci, m, wp.back());
+          call_cfg(ci, wp.back());
           check = rel_l2_device(y, yref, size_t(std::min(m, m_ref) * n), s);
         }
         CK(cudaFree(wss[ci]));

@@ -83,7 +83,6 @@ struct GroupedSchedule {
   const int* active;        // [entries] expert of each entry
   const int* block_row;     // [entries + 1] first sorted row of each entry, then the rows' end: entry a holds
                             // sorted rows [block_row[a], block_row[a + 1]) (moe_align.cuh)
-  int block_rows;           // rows per entry at most (0: all of the expert's)
   ExpertStack experts;
   // Cluster mode only (gate_up with interleaved gate/up rows): non-null, the reduction writes act(gate,
   // up) of each row pair as sorted row r's element i of act_out ([rows, n / 2]) instead of y.
@@ -540,7 +539,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     const Entry ent = en ? *en : load_entry(gs, rg / p.row_groups);
     const int e = ent.e, r0 = ent.r0;
     lrg = rg % p.row_groups;
-    q.m = ent.r1 - r0;  // at most block_rows (align cuts each expert's rows so)
+    q.m = ent.r1 - r0;  // at most the launch's token tiles' rows (align cuts each expert's rows so)
     q.weights = reinterpret_cast<const uint4*>(gs.experts.weights(e));
     q.scales = gs.experts.scales(e);
     q.out_scale = gs.experts.out_scale(e);

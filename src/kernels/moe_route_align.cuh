@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fp4kit/moe.h"
+#include "fp4kit/routing.h"
 #include "kernels/moe_align.cuh"
 #include "kernels/moe_routing.cuh"
 
@@ -25,6 +27,12 @@ namespace fp4kit {
 namespace kernels {
 
 constexpr int kRouteAlignMaxTokens = 32;
+// Such a call is one pass on every path, and its align step is the one-CTA form.
+static_assert(kRouteAlignMaxTokens <= kMoEBF16PassTokens && kRouteAlignMaxTokens <= kMoEDecodePassTokens &&
+                  kRouteAlignMaxTokens <= kMoETensorCorePassTokens,
+              "a routed-in-align call must be a single pass");
+static_assert(kRouteAlignMaxTokens * kRoutingMaxTopK < kAlignSplitMinPairs,
+              "a routed-in-align call must take the one-CTA align");
 __host__ __device__ constexpr int route_align_warps(int tokens) { return tokens < 4 ? 4 : tokens; }
 inline size_t route_align_smem_bytes(int tokens, int experts, int n_group) {
   const size_t route = size_t(route_align_warps(tokens)) * route_smem_floats_per_warp(experts, n_group) * sizeof(float);
