@@ -21,6 +21,9 @@
 //                 FP16 saturates its input and output at +-65504, see fp4kit/moe.h).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
+// A one-token call on Hopper whose gate_up runs in cluster mode skips step 1 (MoEPlan::one_token): one
+// token's top-k ids are distinct experts, so the pairs in slot order are the schedule (kernels::OneToken);
+// gate_up's CTA 0 writes the rows count, each pair's row and the zeroed counters that steps 3-5 read.
 // With MoEArgs::routing set, one launch before the passes routes every token from its router logits
 // (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there; a call
 // of one pass of at most 32 tokens whose align is one CTA routes inside that CTA instead
@@ -187,6 +190,17 @@ bool moe_clusters() {
   return g_clusters < 0 ? env : g_clusters != 0;
 }
 
+// One-token passes without the align launch (MoEPlan::one_token) can be turned off for same-build A/B runs:
+// FP4KIT_MOE_ONE_TOKEN=0; detail::set_moe_one_token overrides the environment (tests).
+int g_one_token = -1;  // -1: the environment decides
+bool moe_one_token() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP4KIT_MOE_ONE_TOKEN");
+    return !(v != nullptr && std::string(v) == "0");
+  }();
+  return g_one_token < 0 ? env : g_one_token != 0;
+}
+
 // fuse_act: gate_up with interleaved gate/up rows (its cluster reduction can apply the activation).
 Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_tiles, bool fuse_act, GroupedPlan* out) {
   GroupedPlan p;
@@ -327,6 +341,7 @@ struct MoEPlan {
   int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
+  bool one_token = false;  // FP4 decode path, T = 1: no align launch (kernels::OneToken; moe_one_token)
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
@@ -439,6 +454,10 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // Interleaved gate/up rows put each pair in one row group, so a gate_up in cluster mode writes the
     // activations itself and the activation launch goes.
     p.act_in_gate_up = p.gu.cluster > 0 && a.layout == GateUpLayout::kInterleaved;
+    // One token: its top-k ids name distinct experts (a duplicate is a bad id), so the pairs are the
+    // schedule and the align launch goes; gate_up, in cluster mode (it uses no counters), writes what the
+    // later launches read from the align step (kernels::OneToken).
+    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.max_entries >= p.pairs && moe_one_token();
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
@@ -610,6 +629,7 @@ Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes) {
 
 namespace detail {
 void set_moe_clusters(int on) { g_clusters = on; }
+void set_moe_one_token(int on) { g_one_token = on; }
 void set_moe_mma(int on) { g_mma = on; }
 void set_moe_bf16_split(int split) { g_bf16_split = split; }
 
@@ -625,7 +645,7 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel) {
   return Status::Ok();
 }
 
-Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up) {
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up, bool* one_token) {
   if (!gate_up || !down) return Status::Invalid("gate_up, down: must not be null");
   MoEPlan plan;
   FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
@@ -633,6 +653,7 @@ Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_
   *gate_up = decode ? plan.gu.cluster : 0;
   *down = decode ? plan.dn.cluster : 0;
   if (act_in_gate_up) *act_in_gate_up = decode && plan.act_in_gate_up;
+  if (one_token) *one_token = decode && plan.one_token;
   return Status::Ok();
 }
 }  // namespace detail
@@ -662,7 +683,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   const float* topk_weights = a.topk_weights;
   const bool routed_here = a.routing.mode != RoutingMode::kNone;
   const int n_group = a.routing.mode == RoutingMode::kSigmoidGroupedTopK ? a.routing.n_group : 1;
-  const bool route_in_align = routed_here && kernels::route_align_fits(a.tokens, E, n_group);
+  const bool route_in_align = routed_here && !plan.one_token && kernels::route_align_fits(a.tokens, E, n_group);
   int32_t* route_ids = nullptr;
   float* route_w = nullptr;
   if (routed_here) {
@@ -674,7 +695,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   }
 
   auto launch_grouped = [&](const GroupedPlan& gp, const ExpertWeights& w, const void* x, const int* x_rows, void* y,
-                            void* act_out = nullptr) {
+                            const kernels::OneToken& one, void* act_out = nullptr) {
     const PackedLayout& l = gp.dense.layout;
     kernels::DecodeParams p = kernels::shape_params(l, gp.dense.row_groups);
     p.x = x;
@@ -692,6 +713,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     s.act = a.activation;
     s.alpha = a.alpha;
     s.limit = a.limit;
+    s.one = one;
     p.pdl = plan.pdl;
     detail::launch_kernel_cluster(gp.fn, dim3(gp.grid), dim3(gp.dense.threads), size_t(gp.dense.smem_bytes), stream,
                                   plan.pdl, gp.cluster, p);
@@ -776,7 +798,16 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     const int32_t* ids = topk_ids + t0 * a.top_k;
     const int n_counters = int(plan.counters_bytes / sizeof(int));
-    if (route_in_align) {
+    // One-token pass: the entries are the pairs (gate_up reads X row ids / top_k = 0, down its activation
+    // row), and gate_up writes the rows, each pair's row and the zeroed counters.
+    kernels::OneToken gu_one{}, dn_one{};
+    if (plan.one_token) {
+      gu_one = kernels::OneToken{ids, pairs, a.top_k, E, a.top_k, b.offset + E, b.row_of_pair, counters, n_counters};
+      dn_one = kernels::OneToken{ids, pairs, a.top_k, E, 1, nullptr, nullptr, nullptr, 0};
+    }
+    if (plan.one_token) {
+      // no align launch (kernels::OneToken)
+    } else if (route_in_align) {
       const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
       const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));
       const size_t smem = kernels::route_align_smem_bytes(tokens, E, n_group);
@@ -806,10 +837,11 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       continue;
     }
     if (plan.bf16) launch_bf16(plan.bgu, a.gate_up, x, b.token_of_row, h);
-    else launch_grouped(plan.gu, a.gate_up, x, b.token_of_row, h, plan.act_in_gate_up ? act : nullptr);
+    else launch_grouped(plan.gu, a.gate_up, x, plan.one_token ? nullptr : b.token_of_row, h, gu_one,
+                        plan.act_in_gate_up ? act : nullptr);
     if (!plan.act_in_gate_up) launch_activation(pairs);
     if (plan.bf16) launch_bf16(plan.bdn, a.down, act, nullptr, o);
-    else launch_grouped(plan.dn, a.down, act, nullptr, o);
+    else launch_grouped(plan.dn, a.down, act, nullptr, o, dn_one);
     launch_combine(t0, tokens, y);
   }
   const cudaError_t e = cudaGetLastError();

@@ -9,7 +9,10 @@ namespace detail {
 // 0 where a GEMM runs stream-K (or the call takes another path), else the CTAs per cluster; and (if
 // act_in_gate_up is not null) whether gate_up's cluster reduction applies the activation (no activation
 // launch).
-Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr);
+// If one_token is not null: whether the call is a one-token pass without the align launch (moe.cu,
+// kernels::OneToken).
+Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr,
+                           bool* one_token = nullptr);
 
 // The GEMM kernel the plan runs for these arguments: "decode" (the grouped decode GEMM), "bf16 gemv" (BF16
 // experts' GEMV), "wgmma" or "mma.sync" (FP4 experts on the tensor-core path), "bf16 mma.sync" (BF16 experts
@@ -20,6 +23,11 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel);
 // environment says (FP4KIT_MOE_CLUSTERS=0 turns it off; default on). Not thread-safe: set it before the
 // calls it affects.
 void set_moe_clusters(int on);
+
+// One-token passes on the decode path (moe.cu, MoEPlan::one_token): 0 never (the align step always runs), 1
+// by the rule, -1 as the environment says (FP4KIT_MOE_ONE_TOKEN=0 turns it off; default on). Not
+// thread-safe: set it before the calls it affects.
+void set_moe_one_token(int on);
 
 // The tensor-core path's kernel (moe.cu, choose_tensor_core): 1 the mma.sync kernel on every device (so a
 // Hopper GPU runs what sm_80-89 run), 0 wgmma where the device and build run it, -1 as the environment says

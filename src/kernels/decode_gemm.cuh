@@ -78,6 +78,39 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
 // block_rows of its rows (one entry per expert when block_rows is 0): the kernel's token tiles need only
 // cover a typical expert's rows, and an expert with more takes several entries, each streaming its
 // weights. Experts nobody routed to are not read.
+// A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
+// duplicate would give one expert more rows than tokens; like a bad id, it makes the token's output NaN).
+__device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int experts) {
+  const int e = ids[i];
+  if (e < 0 || e >= experts) return false;
+  for (int j = i - i % top_k; j < i; ++j)
+    if (ids[j] == e) return false;
+  return true;
+}
+
+// One-token passes (moe.cu): the schedule is the pair ids themselves, and no align launch runs. Entry a is
+// pair a = its slot: expert ids[a] (expert 0 where the id is outside [0, experts): its row is computed and
+// never read, since the combine makes a bad pair's token NaN), output row a, X row a / x_div (gate_up:
+// top_k, every pair reads the token; down: 1, pair a's activations). A token's top-k ids are distinct
+// experts, so every touched expert's weights are still read once. CTA 0 of the launch that has n_rows also
+// writes what the align step writes for the launches after it: the rows (*n_rows = pairs), each pair's row
+// (a, or -1 where not routed) and the arrival counters zeroed; that launch must not use the counters
+// itself (gate_up in cluster mode).
+struct OneToken {
+  const int32_t* ids;  // null: the schedule comes from the align step
+  int pairs, top_k, experts, x_div;
+  int* n_rows;
+  int* row_of_pair;
+  int* counters;
+  int n_counters;
+};
+__device__ __forceinline__ void write_one_token_schedule(const OneToken& o) {
+  for (int i = threadIdx.x; i < o.n_counters; i += blockDim.x) o.counters[i] = 0;
+  for (int i = threadIdx.x; i < o.pairs; i += blockDim.x)
+    o.row_of_pair[i] = routed(o.ids, i, o.top_k, o.experts) ? i : -1;
+  if (threadIdx.x == 0) *o.n_rows = o.pairs;
+}
+
 struct GroupedSchedule {
   const int* n_active;      // [1] number of entries
   const int* active;        // [entries] expert of each entry
@@ -89,6 +122,7 @@ struct GroupedSchedule {
   void* act_out;
   MoEActivation act;
   float alpha, limit;
+  OneToken one;  // one.ids non-null: the entries are the pairs (above), n_active and the arrays unused
 };
 
 struct DecodeParams {
@@ -513,7 +547,9 @@ __device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_ma
 struct Entry {
   int e, r0, r1;
 };
+__device__ __forceinline__ int one_token_expert(const OneToken& o, int e) { return unsigned(e) < unsigned(o.experts) ? e : 0; }
 __device__ __forceinline__ Entry load_entry(const GroupedSchedule& gs, int a) {
+  if (gs.one.ids) return Entry{one_token_expert(gs.one, gs.one.ids[a]), a, a + 1};
   return Entry{gs.active[a], gs.block_row[a], gs.block_row[a + 1]};
 }
 // The same loads, issued here even where a branch follows that may leave before their values are used
@@ -524,7 +560,12 @@ __device__ __forceinline__ int ld_issued(const int* p) {
   return v;
 }
 __device__ __forceinline__ Entry load_entry_issued(const GroupedSchedule& gs, int a) {
+  if (gs.one.ids) return Entry{one_token_expert(gs.one, ld_issued(gs.one.ids + a)), a, a + 1};
   return Entry{ld_issued(gs.active + a), ld_issued(gs.block_row + a), ld_issued(gs.block_row + a + 1)};
+}
+// The schedule's entry count (cluster mode: issued with the entry, see above).
+__device__ __forceinline__ int entries_issued(const GroupedSchedule& gs) {
+  return gs.one.ids ? gs.one.pairs : ld_issued(gs.n_active);
 }
 
 // The segment's problem: the whole GEMM (lrg = rg), or (grouped) one expert's matrix and rows, with lrg
@@ -545,7 +586,8 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     q.out_scale = gs.experts.out_scale(e);
     q.bias = gs.experts.bias_of<T>(e, p.n);
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
-    q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(r0) * p.k;
+    const int x_row = gs.one.ids ? r0 / gs.one.x_div : r0;
+    q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(x_row) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
     if (gs.act_out) q.grouped.act_out = static_cast<T*>(gs.act_out) + int64_t(r0) * (p.n / 2);
   }
@@ -682,7 +724,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   griddep_launch_dependents();
   if constexpr (kGrouped) griddep_wait();
   units = p.units;
-  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
+  if constexpr (kGrouped) units = int64_t(p.grouped.one.ids ? p.grouped.one.pairs : *p.grouped.n_active) * p.row_groups * p.k_macros;
   G = min(int64_t(gridDim.x), units);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kGrouped) {
@@ -840,8 +882,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       // the loads are in bounds; a leaving cluster's values go unused): one round trip, not two.
       const int a = c / p.row_groups;
       griddep_wait();
-      const int n_active = ld_issued(p.grouped.n_active);
+      const int n_active = entries_issued(p.grouped);
       cluster_entry = load_entry_issued(p.grouped, a);
+      if (p.grouped.one.n_rows && blockIdx.x == 0) write_one_token_schedule(p.grouped.one);
       if (c >= n_active * p.row_groups) return;
     }
     const int64_t rg0 = int64_t(c) * p.k_macros;

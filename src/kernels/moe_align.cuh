@@ -75,15 +75,8 @@ inline AlignBufs align_bufs(int* ints, int experts, int pairs) {
   return b;
 }
 
-// A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
-// duplicate would give one expert more rows than tokens; like a bad id, it makes the token's output NaN).
-__device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int experts) {
-  const int e = ids[i];
-  if (e < 0 || e >= experts) return false;
-  for (int j = i - i % top_k; j < i; ++j)
-    if (ids[j] == e) return false;
-  return true;
-}
+// `routed` (decode_gemm.cuh): whether a pair is routed (its id in [0, E), no earlier slot of its token on
+// the same expert).
 
 // The token-per-thread form of `routed` (top_k <= kAlignMaxSlots): token tok's slot ids, and whether each
 // is routed. All loads come first and the duplicate check runs on registers, so a thread's tokens are in

@@ -154,6 +154,7 @@ struct Case {
   std::vector<std::pair<int, int>> bad;  // (pair index, id) overrides
   MoEPath path = MoEPath::kAuto;
   int token_tile = 0;  // MoEArgs::token_tile (tensor-core path)
+  bool one_token_twin = false;  // also run with the one-token pass off (the align schedule): the same bits
 };
 
 double act_ref(double g, double u, const Case& c) {
@@ -231,7 +232,7 @@ Result run_moe(const Case& c, const Experts& gu, const Experts& dn, const std::v
   size_t bytes = 0;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
   CUDA_OK(cudaMalloc(&ws, bytes));
-  CUDA_OK(cudaMemset(ws, 0, bytes));
+  CUDA_OK(cudaMemset(ws, 0xFF, bytes));  // the workspace needs no initialisation (fp4kit/moe.h)
   a.workspace = ws;
   a.workspace_bytes = bytes;
   CHECK_OK(fused_moe(a, nullptr));
@@ -369,6 +370,13 @@ void check_case(const Case& c) {
   const Result again = run_moe(c, gu, dn, xb, ids, wts);
   CHECK_MSG(std::memcmp(got.bits.data(), again.bits.data(), got.bits.size() * 2) == 0,
             "fused_moe is not deterministic (T=" << c.T << ")");
+  if (c.one_token_twin) {
+    detail::set_moe_one_token(0);
+    const Result twin = run_moe(c, gu, dn, xb, ids, wts);
+    detail::set_moe_one_token(-1);
+    CHECK_MSG(std::memcmp(got.bits.data(), twin.bits.data(), got.bits.size() * 2) == 0,
+              "the one-token pass and the align schedule's differ (T=" << c.T << " H=" << c.H << ")");
+  }
 }
 
 }  // namespace
@@ -650,6 +658,7 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
 // holds fewer entries than the grid covers, so whole clusters leave); concatenated rows keep the
 // activation launch. The plan's choices are asserted where the device runs clusters.
 TEST(moe_cluster_mode) {
+  detail::set_moe_one_token(0);  // the align schedule (moe_one_token_pass: the one-token pass)
   int dev = 0, major = 0;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -699,7 +708,63 @@ TEST(moe_cluster_mode) {
     }
     check_case(w.c);
   }
+  detail::set_moe_one_token(-1);
   if (major < 9) std::printf("  [note] moe_cluster_mode: compute capability %d: stream-K only (no clusters)\n", major);
+}
+
+// One-token passes (kernels::OneToken): at T = 1, where gate_up runs in cluster mode, the pairs are the
+// schedule and no align launch runs; gate_up writes the rows, each pair's row and the counters (the
+// workspace is poisoned, so counters the call relied on but did not zero would show). Against the
+// reference, and bit for bit against the same call through the align schedule where both GEMMs reduce in
+// clusters (every row group's K split is then the same in either order of the entries): gpt-oss
+// (interleaved SwiGLU, bias, both formats, FP16), a duplicate id (the pair's token NaN; its expert's
+// rows computed twice), bad ids (out of range: expert 0 computes the row, the token NaN), concatenated
+// rows (the activation launch reads the rows gate_up wrote; down stream-K, which uses the zeroed
+// counters), top-1 and top-8. Routing from logits at T = 1 (a route launch, then the one-token pass) is in
+// moe_routes_from_logits; moe_cluster_mode runs the align schedule's cluster mode.
+TEST(moe_one_token_pass) {
+  int dev = 0, major = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  Case big = gpt_oss_case();
+  big.T = 1;
+  big.one_token_twin = true;
+  Case odd;  // concatenated silu, down stream-K
+  odd.T = 1;
+  odd.top_k = 4;
+  odd.E = 6;
+  odd.H = 2560;
+  odd.I = 1600;
+  odd.bias = true;
+  std::vector<Case> cases = {big, odd};
+  Case dup = big;
+  dup.f = Format::kNVFP4;
+  dup.routing = Case::kOneExpert;
+  dup.bad = {{3, 1}};
+  cases.push_back(dup);
+  Case bad = big;
+  bad.bad = {{0, 8}, {2, -3}};
+  cases.push_back(bad);
+  Case f16 = big;
+  f16.f16 = true;
+  f16.f = Format::kNVFP4;
+  cases.push_back(f16);
+  Case k1 = big, k8 = big;
+  k1.top_k = 1;
+  k8.top_k = 8;
+  cases.push_back(k1);
+  cases.push_back(k8);
+  for (const Case& c : cases) {
+    const MoEArgs a = case_args(c);
+    int gu = -1, dn = -1;
+    bool one = false;
+    CHECK_OK(detail::moe_decode_clusters(a, &gu, &dn, nullptr, &one));
+    CHECK_MSG(one == (gu > 0), "H=" << c.H << " top_k=" << c.top_k << ": one-token pass " << one << " with gate_up clusters of "
+                                    << gu);
+    if (major >= 9) CHECK_MSG(one, "H=" << c.H << " top_k=" << c.top_k << ": expected the one-token pass on sm_90");
+    check_case(c);
+  }
+  if (major < 9) std::printf("  [note] moe_one_token_pass: compute capability %d: no clusters, so the align step runs\n", major);
 }
 
 // The cluster rule on the gpt-oss shape at T = 1 and 2 (H200 figures), with cluster mode on and off
@@ -1303,11 +1368,13 @@ TEST(route_grouped_hand_worked) {
 // CTA routes every token, moe_route_align.cuh) and in two (T = 37); and the routing rules reach its
 // validator.
 TEST(moe_routes_from_logits) {
-  for (int variant = 0; variant < 4; ++variant) {  // 3: DeepSeek-V3's routing shape (E = 256, 8 groups, top-8)
+  // 3: DeepSeek-V3's routing shape (E = 256, 8 groups, top-8); 4: H = 2560, I = 1600, whose gate_up runs in
+  // cluster mode at T = 1 on sm_90, so that call is a route launch and the one-token pass (no align).
+  for (int variant = 0; variant < 5; ++variant) {
     const bool bf16 = variant == 2, grouped = variant == 1 || variant == 3;
     const Format f = grouped ? Format::kNVFP4 : Format::kMXFP4;
     const int E = variant == 3 ? 256 : 16, k = variant == 3 ? 8 : 4;
-    const int64_t H = 160, I = 96;
+    const int64_t H = variant == 4 ? 2560 : 160, I = variant == 4 ? 1600 : 96;
     Experts gu, dn;
     if (bf16) {
       make_bf16_experts(gu, E, 2 * I, H, 0);
@@ -1371,6 +1438,13 @@ TEST(moe_routes_from_logits) {
       a.workspace = b.workspace = ws.p;
       a.workspace_bytes = bytes;
       b.workspace_bytes = bytes_r;
+      if (variant == 4 && T == 1) {
+        int gu_c = 0, dn_c = 0;
+        bool one = false;
+        CHECK_OK(detail::moe_decode_clusters(b, &gu_c, &dn_c, nullptr, &one));
+        CHECK_MSG(one == (gu_c > 0), "variant 4, T = 1: one-token pass " << one << " with gate_up clusters of " << gu_c);
+        if (!one) std::printf("  [note] moe_routes_from_logits: no one-token pass on this device (no clusters)\n");
+      }
       CHECK_OK(fused_moe(a, nullptr));
       CHECK_OK(fused_moe(b, nullptr));
       std::vector<uint16_t> y1(xb.size()), y2(xb.size());
