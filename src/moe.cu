@@ -457,7 +457,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // One token: its top-k ids name distinct experts (a duplicate is a bad id), so the pairs are the
     // schedule and the align launch goes; gate_up, in cluster mode (it uses no counters), writes what the
     // later launches read from the align step (kernels::OneToken).
-    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.max_entries >= p.pairs && moe_one_token();
+    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.max_entries >= p.pairs && moe_one_token() &&
+                  detail::sm90_code_here(reinterpret_cast<const void*>(p.gu.fn));
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;

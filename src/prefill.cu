@@ -148,6 +148,8 @@ bool prefill_runs_here() {
   return major == 9 && check_image(select_kernel<false>(Format::kNVFP4, DType::kBF16, 64).fn).ok();
 }
 
+bool sm90_code_here(const void* kernel) { return check_image(kernel).ok(); }
+
 int mma_prefill_smem(const KernelConfig& cfg) {
   return cfg.pipeline == kMma ? select_mma_kernel<false>(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles).smem
                               : 0;

@@ -83,6 +83,9 @@ cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
 // dispatcher falls back to the decode kernel where it does not.
 bool prefill_runs_here();
+// Whether this build runs sm_90 code of `kernel` on the current device (a compute_80 image JIT-compiled for
+// Hopper has the sm_90-only paths compiled out). Checked once per device and kernel.
+bool sm90_code_here(const void* kernel);
 
 // Dynamic shared memory of a kMma entry's kernel (0 for other entries): make_plan's dispatch takes the
 // 64-token entries where a device's shared memory per block is smaller.

@@ -104,6 +104,16 @@ struct OneToken {
   int* counters;
   int n_counters;
 };
+// Whether this launch runs a one-token pass. Only gate_up's cluster mode (sm_90) enables them, so the
+// sm_80 build compiles them out (its stream-K grouped entries are at their register limit and spilled
+// 16-20 more bytes with the branch).
+__device__ __forceinline__ bool one_token_pass(const OneToken& o) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return o.ids != nullptr;
+#else
+  return false;
+#endif
+}
 __device__ __forceinline__ void write_one_token_schedule(const OneToken& o) {
   for (int i = threadIdx.x; i < o.n_counters; i += blockDim.x) o.counters[i] = 0;
   for (int i = threadIdx.x; i < o.pairs; i += blockDim.x)
@@ -549,7 +559,7 @@ struct Entry {
 };
 __device__ __forceinline__ int one_token_expert(const OneToken& o, int e) { return unsigned(e) < unsigned(o.experts) ? e : 0; }
 __device__ __forceinline__ Entry load_entry(const GroupedSchedule& gs, int a) {
-  if (gs.one.ids) return Entry{one_token_expert(gs.one, gs.one.ids[a]), a, a + 1};
+  if (one_token_pass(gs.one)) return Entry{one_token_expert(gs.one, gs.one.ids[a]), a, a + 1};
   return Entry{gs.active[a], gs.block_row[a], gs.block_row[a + 1]};
 }
 // The same loads, issued here even where a branch follows that may leave before their values are used
@@ -560,12 +570,12 @@ __device__ __forceinline__ int ld_issued(const int* p) {
   return v;
 }
 __device__ __forceinline__ Entry load_entry_issued(const GroupedSchedule& gs, int a) {
-  if (gs.one.ids) return Entry{one_token_expert(gs.one, ld_issued(gs.one.ids + a)), a, a + 1};
+  if (one_token_pass(gs.one)) return Entry{one_token_expert(gs.one, ld_issued(gs.one.ids + a)), a, a + 1};
   return Entry{ld_issued(gs.active + a), ld_issued(gs.block_row + a), ld_issued(gs.block_row + a + 1)};
 }
 // The schedule's entry count (cluster mode: issued with the entry, see above).
 __device__ __forceinline__ int entries_issued(const GroupedSchedule& gs) {
-  return gs.one.ids ? gs.one.pairs : ld_issued(gs.n_active);
+  return one_token_pass(gs.one) ? gs.one.pairs : ld_issued(gs.n_active);
 }
 
 // The segment's problem: the whole GEMM (lrg = rg), or (grouped) one expert's matrix and rows, with lrg
@@ -586,7 +596,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     q.out_scale = gs.experts.out_scale(e);
     q.bias = gs.experts.bias_of<T>(e, p.n);
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
-    const int x_row = gs.one.ids ? r0 / gs.one.x_div : r0;
+    const int x_row = one_token_pass(gs.one) ? r0 / gs.one.x_div : r0;
     q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(x_row) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
     if (gs.act_out) q.grouped.act_out = static_cast<T*>(gs.act_out) + int64_t(r0) * (p.n / 2);
@@ -724,7 +734,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   griddep_launch_dependents();
   if constexpr (kGrouped) griddep_wait();
   units = p.units;
-  if constexpr (kGrouped) units = int64_t(p.grouped.one.ids ? p.grouped.one.pairs : *p.grouped.n_active) * p.row_groups * p.k_macros;
+  if constexpr (kGrouped) units = int64_t(one_token_pass(p.grouped.one) ? p.grouped.one.pairs : *p.grouped.n_active) * p.row_groups * p.k_macros;
   G = min(int64_t(gridDim.x), units);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kGrouped) {
@@ -884,7 +894,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       griddep_wait();
       const int n_active = entries_issued(p.grouped);
       cluster_entry = load_entry_issued(p.grouped, a);
-      if (p.grouped.one.n_rows && blockIdx.x == 0) write_one_token_schedule(p.grouped.one);
+      if (one_token_pass(p.grouped.one) && p.grouped.one.n_rows && blockIdx.x == 0) write_one_token_schedule(p.grouped.one);
       if (c >= n_active * p.row_groups) return;
     }
     const int64_t rg0 = int64_t(c) * p.k_macros;
