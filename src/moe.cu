@@ -21,9 +21,9 @@
 //                 FP16 saturates its input and output at +-65504, see fp4kit/moe.h).
 //   4. down       grouped again over the same schedule, X = the activations in sorted order.
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
-// A one-token call on Hopper whose gate_up runs in cluster mode skips step 1 (MoEPlan::one_token): one
+// A one-token call on Hopper whose GEMMs both run in cluster mode skips step 1 (MoEPlan::one_token): one
 // token's top-k ids are distinct experts, so the pairs in slot order are the schedule (kernels::OneToken);
-// gate_up's CTA 0 writes the rows count, each pair's row and the zeroed counters that steps 3-5 read.
+// gate_up's CTA 0 writes the rows count and each pair's row, which steps 3 and 5 read.
 // With MoEArgs::routing set, one launch before the passes routes every token from its router logits
 // (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there; a call
 // of one pass of at most 32 tokens whose align is one CTA routes inside that CTA instead
@@ -455,10 +455,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // activations itself and the activation launch goes.
     p.act_in_gate_up = p.gu.cluster > 0 && a.layout == GateUpLayout::kInterleaved;
     // One token: its top-k ids name distinct experts (a duplicate is a bad id), so the pairs are the
-    // schedule and the align launch goes; gate_up, in cluster mode (it uses no counters), writes what the
-    // later launches read from the align step (kernels::OneToken).
-    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.max_entries >= p.pairs && moe_one_token() &&
-                  detail::sm90_code_here(reinterpret_cast<const void*>(p.gu.fn));
+    // schedule and the align launch goes, where both GEMMs run in cluster mode (the stream-K kernels keep
+    // the align schedule: the one-token branch measured 1-2% slower at T = 2-16 in their entry code);
+    // gate_up writes what the later launches read from the align step (kernels::OneToken).
+    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.dn.cluster > 0 && p.max_entries >= p.pairs &&
+                  moe_one_token() && detail::sm90_code_here(reinterpret_cast<const void*>(p.gu.fn)) &&
+                  detail::sm90_code_here(reinterpret_cast<const void*>(p.dn.fn));
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
@@ -799,15 +801,12 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     const int32_t* ids = topk_ids + t0 * a.top_k;
     const int n_counters = int(plan.counters_bytes / sizeof(int));
-    // One-token pass: the entries are the pairs (gate_up reads X row ids / top_k = 0, down its activation
-    // row), and gate_up writes the rows, each pair's row and the zeroed counters.
+    // One-token pass: the entries are the pairs (gate_up reads X row pair / top_k = 0, down its activation
+    // row), and gate_up writes the rows and each pair's row.
     kernels::OneToken gu_one{}, dn_one{};
-    if (plan.one_token) {
-      gu_one = kernels::OneToken{ids, pairs, a.top_k, E, a.top_k, b.offset + E, b.row_of_pair, counters, n_counters};
-      dn_one = kernels::OneToken{ids, pairs, a.top_k, E, 1, nullptr, nullptr, nullptr, 0};
-    }
-    if (plan.one_token) {
-      // no align launch (kernels::OneToken)
+    if (plan.one_token) {  // no align launch
+      gu_one = kernels::OneToken{ids, pairs, a.top_k, E, a.top_k, b.offset + E, b.row_of_pair};
+      dn_one = kernels::OneToken{ids, pairs, a.top_k, E, 1, nullptr, nullptr};
     } else if (route_in_align) {
       const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
       const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));

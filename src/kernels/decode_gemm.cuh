@@ -88,25 +88,21 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
   return true;
 }
 
-// One-token passes (moe.cu): the schedule is the pair ids themselves, and no align launch runs. Entry a is
-// pair a = its slot: expert ids[a] (expert 0 where the id is outside [0, experts): its row is computed and
-// never read, since the combine makes a bad pair's token NaN), output row a, X row a / x_div (gate_up:
-// top_k, every pair reads the token; down: 1, pair a's activations). A token's top-k ids are distinct
-// experts, so every touched expert's weights are still read once. CTA 0 of the launch that has n_rows also
-// writes what the align step writes for the launches after it: the rows (*n_rows = pairs), each pair's row
-// (a, or -1 where not routed) and the arrival counters zeroed; that launch must not use the counters
-// itself (gate_up in cluster mode).
+// One-token passes (moe.cu, where both grouped GEMMs run in cluster mode): the schedule is the pair ids
+// themselves, and no align launch runs. Entry a is pair a = its slot: expert ids[a] (expert 0 where the id
+// is outside [0, experts): its row is computed and never read, since the combine makes a bad pair's token
+// NaN), output row a, X row a / x_div (gate_up: top_k, every pair reads the token; down: 1, pair a's
+// activations). A token's top-k ids are distinct experts, so every touched expert's weights are still read
+// once. CTA 0 of the launch that has n_rows (gate_up) also writes what the align step writes for the
+// launches after it: the rows (*n_rows = pairs) and each pair's row (a, or -1 where not routed). Cluster
+// mode uses no arrival counters. The stream-K grouped kernels do not read this (their code is as before).
 struct OneToken {
   const int32_t* ids;  // null: the schedule comes from the align step
   int pairs, top_k, experts, x_div;
   int* n_rows;
   int* row_of_pair;
-  int* counters;
-  int n_counters;
 };
-// Whether this launch runs a one-token pass. Only gate_up's cluster mode (sm_90) enables them, so the
-// sm_80 build compiles them out (its stream-K grouped entries are at their register limit and spilled
-// 16-20 more bytes with the branch).
+// Whether this launch runs a one-token pass (cluster mode, sm_90 only: compiled out below).
 __device__ __forceinline__ bool one_token_pass(const OneToken& o) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return o.ids != nullptr;
@@ -115,7 +111,6 @@ __device__ __forceinline__ bool one_token_pass(const OneToken& o) {
 #endif
 }
 __device__ __forceinline__ void write_one_token_schedule(const OneToken& o) {
-  for (int i = threadIdx.x; i < o.n_counters; i += blockDim.x) o.counters[i] = 0;
   for (int i = threadIdx.x; i < o.pairs; i += blockDim.x)
     o.row_of_pair[i] = routed(o.ids, i, o.top_k, o.experts) ? i : -1;
   if (threadIdx.x == 0) *o.n_rows = o.pairs;
@@ -132,7 +127,7 @@ struct GroupedSchedule {
   void* act_out;
   MoEActivation act;
   float alpha, limit;
-  OneToken one;  // one.ids non-null: the entries are the pairs (above), n_active and the arrays unused
+  OneToken one;  // cluster mode: one.ids non-null: the entries are the pairs (above), not the arrays
 };
 
 struct DecodeParams {
@@ -559,10 +554,9 @@ struct Entry {
 };
 __device__ __forceinline__ int one_token_expert(const OneToken& o, int e) { return unsigned(e) < unsigned(o.experts) ? e : 0; }
 __device__ __forceinline__ Entry load_entry(const GroupedSchedule& gs, int a) {
-  if (one_token_pass(gs.one)) return Entry{one_token_expert(gs.one, gs.one.ids[a]), a, a + 1};
   return Entry{gs.active[a], gs.block_row[a], gs.block_row[a + 1]};
 }
-// The same loads, issued here even where a branch follows that may leave before their values are used
+// The same loads (or a one-token pass's id), issued here even where a branch follows that may leave before their values are used
 // (ptxas sinks plain loads past such a branch, which puts their round trip after the branch's own).
 __device__ __forceinline__ int ld_issued(const int* p) {
   int v;
@@ -596,7 +590,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     q.out_scale = gs.experts.out_scale(e);
     q.bias = gs.experts.bias_of<T>(e, p.n);
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
-    const int x_row = one_token_pass(gs.one) ? r0 / gs.one.x_div : r0;
+    const int x_row = en && one_token_pass(gs.one) ? r0 / gs.one.x_div : r0;  // en: cluster mode
     q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(x_row) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
     if (gs.act_out) q.grouped.act_out = static_cast<T*>(gs.act_out) + int64_t(r0) * (p.n / 2);
@@ -734,7 +728,7 @@ __device__ __forceinline__ bool cta_range(const DecodeParams& p, int64_t& units,
   griddep_launch_dependents();
   if constexpr (kGrouped) griddep_wait();
   units = p.units;
-  if constexpr (kGrouped) units = int64_t(one_token_pass(p.grouped.one) ? p.grouped.one.pairs : *p.grouped.n_active) * p.row_groups * p.k_macros;
+  if constexpr (kGrouped) units = int64_t(*p.grouped.n_active) * p.row_groups * p.k_macros;
   G = min(int64_t(gridDim.x), units);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kGrouped) {
