@@ -179,25 +179,23 @@ struct GroupedPlan {
   int cluster = 0;
 };
 
-// The grouped cluster mode (plan_grouped) can be turned off for same-build A/B runs: FP4KIT_MOE_CLUSTERS=0
-// (stream-K only); detail::set_moe_clusters overrides the environment (tests).
+// Default-on switches for same-build A/B runs: the environment variable set to 0 turns one off, and a
+// detail:: setter (tests) overrides the environment (forced >= 0).
+bool env_not_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v != nullptr && std::string(v) == "0");
+}
+// The grouped cluster mode (plan_grouped): FP4KIT_MOE_CLUSTERS=0 (stream-K only), detail::set_moe_clusters.
 int g_clusters = -1;  // -1: the environment decides
 bool moe_clusters() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP4KIT_MOE_CLUSTERS");
-    return !(v != nullptr && std::string(v) == "0");
-  }();
+  static const bool env = env_not_zero("FP4KIT_MOE_CLUSTERS");
   return g_clusters < 0 ? env : g_clusters != 0;
 }
-
-// One-token passes without the align launch (MoEPlan::one_token) can be turned off for same-build A/B runs:
-// FP4KIT_MOE_ONE_TOKEN=0; detail::set_moe_one_token overrides the environment (tests).
-int g_one_token = -1;  // -1: the environment decides
+// One-token passes without the align launch (MoEPlan::one_token): FP4KIT_MOE_ONE_TOKEN=0,
+// detail::set_moe_one_token.
+int g_one_token = -1;
 bool moe_one_token() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP4KIT_MOE_ONE_TOKEN");
-    return !(v != nullptr && std::string(v) == "0");
-  }();
+  static const bool env = env_not_zero("FP4KIT_MOE_ONE_TOKEN");
   return g_one_token < 0 ? env : g_one_token != 0;
 }
 

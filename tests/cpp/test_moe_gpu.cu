@@ -648,6 +648,19 @@ TEST(moe_bad_and_duplicate_ids_give_nan_rows) {
   check_case(d);
 }
 
+// A one-token layer whose gate_up runs in cluster mode and whose down runs stream-K on the H200: H = 2560,
+// I = 1600, 6 experts, top-4, concatenated silu rows, biases.
+static Case cluster_stream_k_case() {
+  Case c;
+  c.T = 1;
+  c.top_k = 4;
+  c.E = 6;
+  c.H = 2560;
+  c.I = 1600;
+  c.bias = true;
+  return c;
+}
+
 // Cluster mode of the one-token grouped GEMMs (sm_90): at T = 1 every row group the schedule can hold gets
 // a cluster of CTAs that split its K (two or three slices each). Shapes: gpt-oss (gate_up 180 row groups
 // over 6 K slices: clusters of 2; down 92 over 6, the last one partial: clusters of 3) and H = 2560,
@@ -664,13 +677,7 @@ TEST(moe_cluster_mode) {
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   Case big = gpt_oss_case();  // interleaved SwiGLU, bias
   big.T = 1;
-  Case odd;
-  odd.T = 1;
-  odd.top_k = 4;
-  odd.E = 6;
-  odd.H = 2560;
-  odd.I = 1600;
-  odd.bias = true;  // concatenated silu: cluster mode, activation launch kept
+  Case odd = cluster_stream_k_case();  // concatenated silu: cluster mode, activation launch kept
   struct Want { Case c; int gu, dn; bool act; };
   std::vector<Want> cases = {{big, 2, 3, true}, {odd, 3, 0, false}};
   Case f16 = big;
@@ -735,13 +742,7 @@ TEST(moe_one_token_pass) {
   dup.bad = {{3, 1}};
   Case bad = big;
   bad.bad = {{0, 4}, {2, -3}};
-  Case odd;
-  odd.T = 1;
-  odd.top_k = 4;
-  odd.E = 6;
-  odd.H = 2560;
-  odd.I = 1600;
-  odd.bias = true;
+  const Case odd = cluster_stream_k_case();
   struct Want { Case c; bool one; };
   std::vector<Want> cases = {{big, true}, {dup, true}, {bad, true}, {odd, false}};
   if (!quick()) {
