@@ -71,13 +71,6 @@ inline ExpertStack expert_stack(const void* data, size_t stride, const void* bia
                      bias};
 }
 
-// Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
-// to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
-// the row-group space is (entry a, row group) and stream-K runs over n_active * row_groups * k_macros
-// units, read from device memory at kernel start. An entry is an expert and a block of at most
-// block_rows of its rows (one entry per expert when block_rows is 0): the kernel's token tiles need only
-// cover a typical expert's rows, and an expert with more takes several entries, each streaming its
-// weights. Experts nobody routed to are not read.
 // A pair is routed when its id is in [0, E) and no earlier slot of the same token holds the same id (a
 // duplicate would give one expert more rows than tokens; like a bad id, it makes the token's output NaN).
 __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int experts) {
@@ -116,6 +109,14 @@ __device__ __forceinline__ void write_one_token_schedule(const OneToken& o) {
   if (threadIdx.x == 0) *o.n_rows = o.pairs;
 }
 
+// Grouped mode (Mixture-of-Experts): one launch multiplies every active expert's matrix by the rows routed
+// to it. The schedule is built on the device (moe.cu's align kernel), so the launch needs no host sync:
+// the row-group space is (entry a, row group) and stream-K runs over n_active * row_groups * k_macros
+// units, read from device memory at kernel start. An entry is an expert and a block of at most
+// block_rows of its rows (one entry per expert when block_rows is 0): the kernel's token tiles need only
+// cover a typical expert's rows, and an expert with more takes several entries, each streaming its
+// weights. Experts nobody routed to are not read. A one-token pass reads its entries from the pair ids
+// instead (OneToken above).
 struct GroupedSchedule {
   const int* n_active;      // [1] number of entries
   const int* active;        // [entries] expert of each entry
@@ -552,12 +553,15 @@ __device__ __forceinline__ void next_segment(int64_t& u, int64_t u_end, int k_ma
 struct Entry {
   int e, r0, r1;
 };
-__device__ __forceinline__ int one_token_expert(const OneToken& o, int e) { return unsigned(e) < unsigned(o.experts) ? e : 0; }
+__device__ __forceinline__ int one_token_expert(const OneToken& o, int e) {
+  return unsigned(e) < unsigned(o.experts) ? e : 0;
+}
 __device__ __forceinline__ Entry load_entry(const GroupedSchedule& gs, int a) {
   return Entry{gs.active[a], gs.block_row[a], gs.block_row[a + 1]};
 }
-// The same loads (or a one-token pass's id), issued here even where a branch follows that may leave before their values are used
-// (ptxas sinks plain loads past such a branch, which puts their round trip after the branch's own).
+// The same loads (or a one-token pass's id), issued here even where a branch follows that may leave before
+// their values are used (ptxas sinks plain loads past such a branch, which puts their round trip after the
+// branch's own).
 __device__ __forceinline__ int ld_issued(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -888,7 +892,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       griddep_wait();
       const int n_active = entries_issued(p.grouped);
       cluster_entry = load_entry_issued(p.grouped, a);
-      if (one_token_pass(p.grouped.one) && p.grouped.one.n_rows && blockIdx.x == 0) write_one_token_schedule(p.grouped.one);
+      if (one_token_pass(p.grouped.one) && p.grouped.one.n_rows && blockIdx.x == 0)
+        write_one_token_schedule(p.grouped.one);
       if (c >= n_active * p.row_groups) return;
     }
     const int64_t rg0 = int64_t(c) * p.k_macros;
