@@ -232,8 +232,10 @@ Status plan_grouped(const ExpertWeights& w, DType act, int max_active, int n_til
     const int64_t per_cta = s_max >= 1 ? (km + s_max - 1) / s_max : km;
     const int64_t resident = int64_t(per_sm) * p.sms, stream_k_share = (max_units + resident - 1) / resident;
     const int64_t ctas = rgs * ((km + per_cta - 1) / per_cta);
+    // The cluster code (and the one-token pass) is sm_90 only: a build whose image for this device is
+    // compute_80 code JIT-compiled for Hopper has it compiled out, so it keeps stream-K.
     if (s_max >= 2 && per_cta >= 2 && per_cta <= std::min<int64_t>(kMaxSlicesPerCta, stream_k_share) &&
-        (fuse_act || 5 * ctas <= 4 * resident_c)) {
+        (fuse_act || 5 * ctas <= 4 * resident_c) && detail::sm90_code_here(reinterpret_cast<const void*>(fn))) {
       p.cluster = int((km + per_cta - 1) / per_cta);
       p.grid = int(ctas);
       p.fn = fn;
@@ -456,9 +458,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // schedule and the align launch goes, where both GEMMs run in cluster mode (the stream-K kernels keep
     // the align schedule: the one-token branch measured 1-2% slower at T = 2-16 in their entry code);
     // gate_up writes what the later launches read from the align step (kernels::OneToken).
-    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.dn.cluster > 0 && p.max_entries >= p.pairs &&
-                  moe_one_token() && detail::sm90_code_here(reinterpret_cast<const void*>(p.gu.fn)) &&
-                  detail::sm90_code_here(reinterpret_cast<const void*>(p.dn.fn));
+    p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.dn.cluster > 0 && moe_one_token();
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
@@ -799,12 +799,12 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     void* y = static_cast<uint8_t*>(a.y) + t0 * a.hidden * eb;
     const int32_t* ids = topk_ids + t0 * a.top_k;
     const int n_counters = int(plan.counters_bytes / sizeof(int));
-    // One-token pass: the entries are the pairs (gate_up reads X row pair / top_k = 0, down its activation
-    // row), and gate_up writes the rows and each pair's row.
+    // One-token pass: the entries are the pairs (gate_up reads the token's X row, down each pair's
+    // activation row), and gate_up writes the rows and each pair's row.
     kernels::OneToken gu_one{}, dn_one{};
     if (plan.one_token) {  // no align launch
-      gu_one = kernels::OneToken{ids, pairs, a.top_k, E, a.top_k, b.offset + E, b.row_of_pair};
-      dn_one = kernels::OneToken{ids, pairs, a.top_k, E, 1, nullptr, nullptr};
+      gu_one = kernels::OneToken{ids, pairs, E, true, b.offset + E, b.row_of_pair};
+      dn_one = kernels::OneToken{ids, pairs, E, false, nullptr, nullptr};
     } else if (route_in_align) {
       const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
       const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));

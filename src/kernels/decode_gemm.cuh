@@ -82,16 +82,17 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
 }
 
 // One-token passes (moe.cu, where both grouped GEMMs run in cluster mode): the schedule is the pair ids
-// themselves, and no align launch runs. Entry a is pair a = its slot: expert ids[a] (expert 0 where the id
-// is outside [0, experts): its row is computed and never read, since the combine makes a bad pair's token
-// NaN), output row a, X row a / x_div (gate_up: top_k, every pair reads the token; down: 1, pair a's
+// themselves, and no align launch runs. Entry a is pair a = slot a of the token's top_k (= pairs): expert
+// ids[a] (expert 0 where the id is outside [0, experts): its row is computed and never read, since the
+// combine makes a bad pair's token NaN), output row a, X row 0 (gate_up: the token) or a (down: pair a's
 // activations). A token's top-k ids are distinct experts, so every touched expert's weights are still read
 // once. CTA 0 of the launch that has n_rows (gate_up) also writes what the align step writes for the
 // launches after it: the rows (*n_rows = pairs) and each pair's row (a, or -1 where not routed). Cluster
 // mode uses no arrival counters. The stream-K grouped kernels do not read this (their code is as before).
 struct OneToken {
   const int32_t* ids;  // null: the schedule comes from the align step
-  int pairs, top_k, experts, x_div;
+  int pairs, experts;
+  bool token_x;        // every entry reads X row 0 (gate_up), else row a (down)
   int* n_rows;
   int* row_of_pair;
 };
@@ -105,7 +106,7 @@ __device__ __forceinline__ bool one_token_pass(const OneToken& o) {
 }
 __device__ __forceinline__ void write_one_token_schedule(const OneToken& o) {
   for (int i = threadIdx.x; i < o.pairs; i += blockDim.x)
-    o.row_of_pair[i] = routed(o.ids, i, o.top_k, o.experts) ? i : -1;
+    o.row_of_pair[i] = routed(o.ids, i, o.pairs, o.experts) ? i : -1;
   if (threadIdx.x == 0) *o.n_rows = o.pairs;
 }
 
@@ -594,7 +595,7 @@ __device__ __forceinline__ void segment_problem(const DecodeParams& p, int rg, D
     q.out_scale = gs.experts.out_scale(e);
     q.bias = gs.experts.bias_of<T>(e, p.n);
     q.x_rows = p.x_rows ? p.x_rows + r0 : nullptr;
-    const int x_row = en && one_token_pass(gs.one) ? r0 / gs.one.x_div : r0;  // en: cluster mode
+    const int x_row = en && one_token_pass(gs.one) && gs.one.token_x ? 0 : r0;  // en: cluster mode
     q.x = p.x_rows ? p.x : static_cast<const T*>(p.x) + int64_t(x_row) * p.k;
     q.y = static_cast<T*>(p.y) + int64_t(r0) * p.n;
     if (gs.act_out) q.grouped.act_out = static_cast<T*>(gs.act_out) + int64_t(r0) * (p.n / 2);
