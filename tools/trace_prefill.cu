@@ -1,6 +1,10 @@
 // fp4kit-trace-prefill: where one Hopper prefill GEMM call's time goes, from timestamps taken inside the kernel.
 //
-//   fp4kit-trace-prefill [--shapes N:K,...] [--m 64] [--config NAME] [--runs 10]
+//   fp4kit-trace-prefill [--shapes N:K,...] [--m 64] [--config NAME] [--runs 10] [--dump PATH]
+//
+// --dump PATH writes the last run's records of the last shape as CSV, one line per CTA: its index, SM, and
+// in SM cycles its entry, main-loop end, epilogue start (0 where it has none), leave, and warpgroup 0's
+// first stage ready (the timeline of each SM's CTAs one after another, e.g. a split tail's second wave).
 //
 // The question it answers (docs/prefill-notes.md, "Narrow tiles for dense m = 9-32"): at m = 16-64 the
 // kernel's time grows by about the tensor pipe's time per token on top of the weight stream, as if the
@@ -122,7 +126,7 @@ Phases reduce(const std::vector<unsigned long long>& h, int grid, int per_sm) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {
-      {"shapes", "57344:8192,10240:8192,8192:8192,8192:28672"}, {"m", "64"}, {"config", ""}, {"runs", "10"}};
+      {"shapes", "57344:8192,10240:8192,8192:8192,8192:28672"}, {"m", "64"}, {"config", ""}, {"runs", "10"}, {"dump", ""}};
   for (int i = 1; i + 1 < argc; i += 2) opt[std::string(argv[i]).substr(2)] = argv[i + 1];
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -204,7 +208,10 @@ int main(int argc, char** argv) {
     unsigned long long* dtrace = nullptr;
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &dtrace, sizeof(dtrace)));  // null: no timestamps
     const double graph_us = graph_time_us(s, std::max(copies, 8), 100, launch);
-    const size_t words = size_t(plan.grid) * pk::kTraceRecord;
+    // CTAs launched: a persistent plan runs its work items on at most plan.resident CTAs (each CTA's record
+    // then holds its last item's loop end, epilogue and leave, and its stages at running ring positions).
+    const int grid = plan.resident > 0 ? std::min(plan.grid, plan.resident) : plan.grid;
+    const size_t words = size_t(grid) * pk::kTraceRecord;
     CK(cudaMalloc(&dtrace, words * 8));
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &dtrace, sizeof(dtrace)));
     std::vector<unsigned long long> h(words);
@@ -215,7 +222,20 @@ int main(int argc, char** argv) {
       CK(cudaStreamSynchronize(s));
       if (r < 2) continue;  // warm-up
       CK(cudaMemcpy(h.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
-      got.push_back(reduce(h, int(plan.grid), plan.cfg->min_blocks));
+      got.push_back(reduce(h, grid, plan.cfg->min_blocks));
+    }
+    if (!opt["dump"].empty()) {
+      FILE* f = std::fopen(opt["dump"].c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "fp4kit-trace-prefill: cannot write --dump '%s'\n", opt["dump"].c_str());
+        return 2;
+      }
+      std::fprintf(f, "cta,sm,entry,loop_end,epilogue,leave,ready0\n");
+      for (int b = 0; b < grid; ++b) {
+        const unsigned long long* t = &h[size_t(b) * pk::kTraceRecord];
+        std::fprintf(f, "%d,%llu,%llu,%llu,%llu,%llu,%llu\n", b, t[0], t[1], t[2], t[3], t[4], t[pk::kTraceHeader]);
+      }
+      std::fclose(f);
     }
     unsigned long long* null_trace = nullptr;
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &null_trace, sizeof(null_trace)));
@@ -229,7 +249,7 @@ int main(int argc, char** argv) {
     const double mma = 2.0 * 4 * 64 * prefill_width(*plan.cfg, m) * 16 / 2048.0;
     const double us = 1e-3 / ghz;
     std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f | %7.1f %7.1f %4.0f%% %3.0f | %6.0f %6.0f %6.0f\n",
-                sh.c_str(), plan.cfg->name, (long long)plan.grid, graph_us, mma, pick(&Phases::work),
+                sh.c_str(), plan.cfg->name, (long long)grid, graph_us, mma, pick(&Phases::work),
                 pick(&Phases::wait), pick(&Phases::latency), 100 * pick(&Phases::wait_share),
                 pick(&Phases::first) * us, pick(&Phases::loop) * us, pick(&Phases::tail) * us,
                 pick(&Phases::span_max) * us, pick(&Phases::span_med) * us, 100 * pick(&Phases::occupancy),
