@@ -159,6 +159,17 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
       }
     }
   }
+  if (config < 0 && cfg->pipeline == kCluster &&
+      !sm90_code_here(reinterpret_cast<const void*>(select_kernel(w.format, act, id)))) {
+    // A build whose Hopper code is compute_80 PTX JIT-compiled has the cluster reduction compiled out
+    // (each CTA of a cluster would run its row group's whole K): the ring entry it is the twin of.
+    for (int i = 0; i < kNumKernelConfigs; ++i)
+      if (kKernelConfigs[i].pipeline == kRing && cluster_twin(i) == int(cfg - kKernelConfigs)) {
+        cfg = &kKernelConfigs[i];
+        id = cfg->id;
+        break;
+      }
+  }
   if (!config_supported(*cfg, facts.major))
     return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +
                                std::to_string(facts.major) + "." + std::to_string(facts.minor) + ")");
