@@ -35,8 +35,6 @@ struct DecodePlan {
   size_t lane_x_offset = 0;
   int lane_x_sms = 0;       // prefill: the device's SMs, for the lane-order pass's grid (row_vector_grid)
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
-  int resident = 0;         // prefill: > 0 where the launch is persistent (its grid at most this many CTAs,
-                            // each running work items grid apart; prefill_gemm_sm90.cuh), 0: one CTA per item
   int cluster = 0;          // kCluster: CTAs per cluster (each row group's K split S ways; grid = row_groups * S)
 };
 

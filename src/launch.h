@@ -8,19 +8,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 namespace fp4kit {
 namespace detail {
-
-// Default-on switches for same-build A/B runs: the environment variable set to 0 turns one off (each
-// switch's detail:: setter, for tests, overrides the environment).
-inline bool env_not_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v != nullptr && std::string(v) == "0");
-}
 
 // Whether launches use PDL: a device of compute capability 9.x, and FP4KIT_PDL=1, or FP4KIT_PDL unset
 // (or neither 0 nor 1) where the caller's default is on; FP4KIT_PDL=0 turns it off everywhere. The

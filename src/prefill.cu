@@ -150,15 +150,6 @@ bool prefill_runs_here() {
 
 bool sm90_code_here(const void* kernel) { return check_image(kernel).ok(); }
 
-namespace {
-int g_persistent = -1;  // -1: the environment decides
-}  // namespace
-void set_prefill_persistent(int on) { g_persistent = on; }
-bool prefill_persistent() {
-  static const bool env = env_not_zero("FP4KIT_PREFILL_PERSISTENT");
-  return g_persistent < 0 ? env : g_persistent != 0;
-}
-
 int mma_prefill_smem(const KernelConfig& cfg) {
   return cfg.pipeline == kMma ? select_mma_kernel<false>(Format::kNVFP4, DType::kBF16, 8 * cfg.n_tiles).smem
                               : 0;
@@ -235,14 +226,6 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
   if (p.units + p.split_tiles * (p.splits - 1) > INT32_MAX)
     return Status::Invalid("m: the prefill grid holds at most 2^31 - 1 CTAs");
   p.grid = int(p.units + p.split_tiles * (p.splits - 1));
-  // Persistent (the kernels that can, prefill_gemm_sm90.cuh): CTA b runs work items b, b + grid, ..., so a
-  // CTA that finishes a tile goes on to its next one (a later wave's tile, or a unit of the split tail)
-  // while its producer already fills the ring, instead of leaving for a new CTA to start from an empty
-  // ring. The split tail's units of one tile stay in one round of items: every CTA is resident at once.
-  if (!mma && sms > 0 && prefill_persistent() &&
-      (bn == 128 ? pk::kPersistentKernel<128, false, 1> : bn == 256 && pk::kPersistentKernel<256, false, 1>) &&
-      cfg.min_blocks == 1)
-    p.resident = sms;
   if (p.splits > 1) {
     p.counters_bytes = counters_region(p.split_tiles);
     p.partials_bytes = size_t(p.split_tiles) * p.splits * k.partial_floats * sizeof(float);
@@ -274,7 +257,6 @@ static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_
   p.token_tiles = token_tiles;
   p.splits = splits;
   p.split_from = split_from;
-  p.ctas = split_from + (row_blocks * token_tiles - split_from) * splits;
   return p;
 }
 
@@ -378,9 +360,8 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     p.narrow = narrow_last;
     dense_operands(a, plan, p);
     // With PDL (plan.pdl) the GEMM's CTAs start as the lane-order pass's leave and wait for X inside.
-    const int grid = plan.resident > 0 ? std::min(p.ctas, plan.resident) : p.ctas;
-    launch_kernel(fn, dim3(unsigned(grid)), dim3(plan.threads), size_t(plan.smem_bytes), stream, plan.pdl, map, narrow,
-                  wmap, p);
+    launch_kernel(fn, dim3(unsigned(tiles + split_tiles * (plan.splits - 1))), dim3(plan.threads), size_t(plan.smem_bytes),
+                  stream, plan.pdl, map, narrow, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));

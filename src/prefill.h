@@ -87,12 +87,6 @@ bool prefill_runs_here();
 // Hopper has the sm_90-only paths compiled out). Checked once per device and kernel.
 bool sm90_code_here(const void* kernel);
 
-// Persistent wgmma launches (DecodePlan::resident; the kernels of 128- and 256-token tiles, one CTA per SM):
-// FP4KIT_PREFILL_PERSISTENT=0 turns them off (one CTA per work item); set_prefill_persistent (tests)
-// overrides the environment: 1 on, 0 off, -1 the environment decides. Read when a call is planned.
-void set_prefill_persistent(int on);
-bool prefill_persistent();
-
 // Dynamic shared memory of a kMma entry's kernel (0 for other entries): make_plan's dispatch takes the
 // 64-token entries where a device's shared memory per block is smaller.
 int mma_prefill_smem(const KernelConfig& cfg);

@@ -208,10 +208,7 @@ int main(int argc, char** argv) {
     unsigned long long* dtrace = nullptr;
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &dtrace, sizeof(dtrace)));  // null: no timestamps
     const double graph_us = graph_time_us(s, std::max(copies, 8), 100, launch);
-    // CTAs launched: a persistent plan runs its work items on at most plan.resident CTAs (each CTA's record
-    // then holds its last item's loop end, epilogue and leave, and its stages at running ring positions).
-    const int grid = plan.resident > 0 ? std::min(plan.grid, plan.resident) : plan.grid;
-    const size_t words = size_t(grid) * pk::kTraceRecord;
+    const size_t words = size_t(plan.grid) * pk::kTraceRecord;
     CK(cudaMalloc(&dtrace, words * 8));
     CK(cudaMemcpyToSymbol(pk::g_prefill_trace, &dtrace, sizeof(dtrace)));
     std::vector<unsigned long long> h(words);
@@ -222,7 +219,7 @@ int main(int argc, char** argv) {
       CK(cudaStreamSynchronize(s));
       if (r < 2) continue;  // warm-up
       CK(cudaMemcpy(h.data(), dtrace, words * 8, cudaMemcpyDeviceToHost));
-      got.push_back(reduce(h, grid, plan.cfg->min_blocks));
+      got.push_back(reduce(h, int(plan.grid), plan.cfg->min_blocks));
     }
     if (!opt["dump"].empty()) {
       FILE* f = std::fopen(opt["dump"].c_str(), "w");
@@ -231,9 +228,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       std::fprintf(f, "cta,sm,entry,loop_end,epilogue,leave,ready0\n");
-      for (int b = 0; b < grid; ++b) {
+      for (long long b = 0; b < plan.grid; ++b) {
         const unsigned long long* t = &h[size_t(b) * pk::kTraceRecord];
-        std::fprintf(f, "%d,%llu,%llu,%llu,%llu,%llu,%llu\n", b, t[0], t[1], t[2], t[3], t[4], t[pk::kTraceHeader]);
+        std::fprintf(f, "%lld,%llu,%llu,%llu,%llu,%llu,%llu\n", b, t[0], t[1], t[2], t[3], t[4], t[pk::kTraceHeader]);
       }
       std::fclose(f);
     }
@@ -249,7 +246,7 @@ int main(int argc, char** argv) {
     const double mma = 2.0 * 4 * 64 * prefill_width(*plan.cfg, m) * 16 / 2048.0;
     const double us = 1e-3 / ghz;
     std::printf("%-12s %-16s %5lld %7.1f | %6.0f %6.0f %6.0f %6.0f %5.0f%% | %6.2f %7.2f %6.2f | %7.1f %7.1f %4.0f%% %3.0f | %6.0f %6.0f %6.0f\n",
-                sh.c_str(), plan.cfg->name, (long long)grid, graph_us, mma, pick(&Phases::work),
+                sh.c_str(), plan.cfg->name, (long long)plan.grid, graph_us, mma, pick(&Phases::work),
                 pick(&Phases::wait), pick(&Phases::latency), 100 * pick(&Phases::wait_share),
                 pick(&Phases::first) * us, pick(&Phases::loop) * us, pick(&Phases::tail) * us,
                 pick(&Phases::span_max) * us, pick(&Phases::span_med) * us, 100 * pick(&Phases::occupancy),

@@ -11,10 +11,8 @@
 //   workspace, and the last of the tile's splits to arrive (arrival counter) sums the partials in split
 //   order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is bitwise the same
 //   whatever the arrival order (deterministic).
-//   Launch: p.ctas = split_from + (tiles - split_from) * splits work items, tiles = ceil(row_tiles / 8) *
-//   ceil(m / BN) (1-D, see cta_tile), on a grid of p.ctas CTAs, or of fewer (at least the split tail's
-//   units, at most the CTAs resident at once) in the persistent instantiations (kPersistent: dense, one CTA
-//   per SM, a ring of 3 or 5 stages), where CTA b runs items b, b + grid, ... through one ring; kThreads threads, the weight records as the tensor map tmap_w (prefill.cu,
+//   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
+//   (1-D, see cta_tile), kThreads threads, the weight records as the tensor map tmap_w (prefill.cu,
 //   w_tensor_map; experts as its outer dimension in grouped mode),
 //   Geometry<BN, kBlocks>::kSmem bytes of dynamic shared memory (kBlocks: CTAs per SM, 1, or 2 at
 //   BN = 64), X in lane order (below) described by a 2-D tensor map {k_pad, m} of T, box {64, BN},
@@ -151,7 +149,6 @@ struct PrefillParams {
   int m, n, k;
   int row_tiles, k_chunks, k_macros;
   int row_blocks, token_tiles;  // of 128 rows, of BN tokens
-  int ctas;                     // work items (one per CTA unless the launch is persistent, see the contract)
   int splits;                   // K splits of each tile from split_from on (1: every tile whole K)
   int split_from;               // tiles [0, split_from) whole K; grid = split_from + (tiles - split_from) * splits
   int* counters;                // splits > 1: [tiles - split_from] arrival counters, zero between calls
@@ -182,8 +179,9 @@ template <typename T> struct CtaOperands {
 // split tiles come last: whole waves of whole-K tiles first, the split tail fills the last wave (configs.h,
 // PrefillSchedule). tail: the tile's index among the split ones (-1 for a whole-K tile).
 constexpr int kRasterTokenTiles = 4;
-__device__ __forceinline__ void cta_tile(const PrefillParams& p, int b, int& row_block, int& token_tile, int& split,
+__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split,
                                          int& splits, int& tail) {
+  int b = blockIdx.x;
   split = 0, splits = 1, tail = -1;
   if (b >= p.split_from) {
     const int i = b - p.split_from;
@@ -195,10 +193,6 @@ __device__ __forceinline__ void cta_tile(const PrefillParams& p, int b, int& row
   const int tiles = min(kRasterTokenTiles, p.token_tiles - grp * kRasterTokenTiles);  // the last group may be short
   token_tile = grp * kRasterTokenTiles + rem % tiles;
   row_block = rem / tiles;
-}
-__device__ __forceinline__ void cta_tile(const PrefillParams& p, int& row_block, int& token_tile, int& split,
-                                         int& splits, int& tail) {
-  cta_tile(p, int(blockIdx.x), row_block, token_tile, split, splits, tail);
 }
 
 // ---- PTX wrappers (sm_90) --------------------------------------------------------------------------
@@ -489,36 +483,6 @@ template <int kTrace> __device__ __forceinline__ void trace_stage(int r, int eve
   if (r < kTraceStages) trace_at<kTrace>(kTraceHeader + r * kTraceEvents + event);
 }
 
-// Whether an instantiation runs persistent launches (the contract): dense, one CTA per SM, and a ring of S
-// stages that is not a multiple of a slice's four, whose slots are r % S of a running position anyway (the
-// whole-slice rings of the BN = 64 entries compute theirs from the slice and keep one item per CTA).
-template <int BN, bool kGrouped, int kBlocks>
-constexpr bool kPersistentKernel = !kGrouped && kBlocks == 1 && Geometry<BN, kBlocks>::kStages % kStagesPerSlice != 0;
-
-// One work item of a CTA: virtual CTA v of the launch (cta_tile), its operands, the width of its wgmmas
-// and its K range: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end).
-template <typename T> struct WorkItem {
-  int row_block, token_tile, split, splits, tail, width, j_begin, j_end, s_begin, s_end;
-  CtaOperands<T> op;
-};
-// False (grouped mode) when the item's tile is past the routing's last tile.
-template <typename T, int BN, bool kGrouped>
-__device__ __forceinline__ bool work_item(const PrefillParams& p, int v, int n_stages, WorkItem<T>& it) {
-  cta_tile(p, v, it.row_block, it.token_tile, it.split, it.splits, it.tail);
-  if (!cta_operands<T, BN, kGrouped>(p, it.token_tile, it.op)) return false;
-  // The width of the item's wgmmas and X boxes: narrow where its tile is short and the launch passed the
-  // narrow maps.
-  it.width = kHasNarrow<BN, kGrouped> && (kGrouped || p.narrow) ? layout::tile_width(BN, it.op.tok_end - it.op.tok_begin)
-                                                                : BN;
-  // Every split has at least one slice (the host keeps splits <= k_macros), and slice j's first stage
-  // exists for j < k_macros.
-  it.j_begin = int(int64_t(p.k_macros) * it.split / it.splits);
-  it.j_end = int(int64_t(p.k_macros) * (it.split + 1) / it.splits);
-  it.s_begin = it.j_begin * kStagesPerSlice;
-  it.s_end = min(it.j_end * kStagesPerSlice, n_stages);
-  return true;
-}
-
 template <Format F, typename T, int BN, bool kGrouped = false, int kBlocks = 1, int kTrace = 0>
 __global__ void __launch_bounds__(kThreads, kBlocks)
     prefill_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
@@ -526,29 +490,33 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using G = Geometry<BN, kBlocks>;
   constexpr int S = G::kStages;
-  constexpr bool kPersistent = kPersistentKernel<BN, kGrouped, kBlocks>;
   extern __shared__ uint8_t prefill_smem[];
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
   __shared__ int s_last;  // split K: this CTA is the tile's last split to arrive
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
+  int row_block, token_tile, split, splits, tail;
+  cta_tile(p, row_block, token_tile, split, splits, tail);
   if (threadIdx.x == 0) {
     trace_at<kTrace>(0, true);
     trace_at<kTrace>(1);
   }
+  CtaOperands<T> op;
   // Programmatic dependent launch (launch.h): a grouped CTA first reads the schedule, which the previous
   // kernels wrote; a dense one waits only where it first reads X, or the bias (below).
   if constexpr (kGrouped) griddep_wait();
-  int vi = blockIdx.x;  // this CTA's current work item (a virtual CTA)
-  WorkItem<T> it;
-  if (!work_item<T, BN, kGrouped>(p, vi, n_stages, it)) return;  // uniform, before any barrier
-  // The next item of a persistent CTA, loaded into `it`; false when the CTA has none left.
-  auto next_item = [&]() {
-    if constexpr (!kPersistent) return false;
-    vi += gridDim.x;
-    return vi < p.ctas && work_item<T, BN, kGrouped>(p, vi, n_stages, it);
-  };
+  if (!cta_operands<T, BN, kGrouped>(p, token_tile, op)) return;  // uniform, before any barrier
+  // The width of this CTA's wgmmas and X boxes (uniform): narrow where its tile is short and the launch
+  // passed the narrow maps.
+  const int width = kHasNarrow<BN, kGrouped> && (kGrouped || p.narrow)
+                        ? layout::tile_width(BN, op.tok_end - op.tok_begin)
+                        : BN;
+  // This CTA's K: slices [j_begin, j_end) of 512 K, i.e. ring stages [s_begin, s_end). Every split has at
+  // least one slice (the host keeps splits <= k_macros), and slice j's first stage exists for j < k_macros.
+  const int j_begin = int(int64_t(p.k_macros) * split / splits);
+  const int j_end = int(int64_t(p.k_macros) * (split + 1) / splits);
+  const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -561,96 +529,82 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   }
   __syncthreads();
 
-  // Ring positions: a CTA's items run one after another through the ring, so item i's stage r is ring
-  // position pos + r, pos counting the stages of the items before it (both sides count alike). The
-  // producer fills the next item's first stages while the consumers finish the current one.
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one thread of one warp fills the ring, the other warps only give their
     // registers back.
     setmaxnreg_dec<Regs<kBlocks>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
-    if (lane == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_w)) : "memory");
+    const int rt0 = row_block * kRowTilesPerCta, tok0 = op.tok_begin;
+    // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
+    // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
+    // and a BN-token box moved 4x the X bytes it multiplies).
+    const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
+    const uint32_t x_bytes = uint32_t(2 * width * 128);
+    if (lane == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tmap_w)) : "memory");
+    }
     if (lane != 0) return;  // one thread issues every copy
-    int pos = 0;
-    do {
-      const int rt0 = it.row_block * kRowTilesPerCta, tok0 = it.op.tok_begin, s_begin = it.s_begin;
-      // X rows: one box per half, as wide as the main loop's wgmmas (grouped mode: a narrow tile's box from
-      // its own tensor map; an expert's tile often holds a few rows, 16 per expert at gpt-oss-120b T = 512,
-      // and a BN-token box moved 4x the X bytes it multiplies).
-      const CUtensorMap* map = it.width == BN ? &tmap_x : it.width == BN / 2 ? &narrow.half : &narrow.quarter;
-      const uint32_t x_bytes = uint32_t(2 * it.width * 128);
-      if (pos == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-      // Stage s's barrier expects its bytes, and its weight records are requested (into ring slot `slot`).
-      auto request_w = [&](int s, int slot) {
-        trace_stage<kTrace>(pos + s - s_begin, 4);
-        const uint32_t bar = smem_u32(&full_bar[slot]);
-        mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
-        tma_load_w(ring + slot * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, it.op.expert, bar);
-      };
-      // Dense, first item: the first `pre` stages' weight records (which no kernel writes) are requested
-      // before the wait for the previous kernel (with PDL, the lane-order pass writing X), so that their
-      // DRAM round trip overlaps its end; their X halves follow the wait. (A fresh ring: those slots are free.)
-      int pre = 0;
-      if constexpr (!kGrouped) {
-        if (pos == 0) {
-          pre = min(S, it.s_end - s_begin);
-          for (int r = 0; r < pre; ++r) request_w(s_begin + r, r);
-          griddep_wait();
-        }
+    // Stage s's barrier expects its bytes, and its weight records are requested (into ring slot `slot`).
+    auto request_w = [&](int s, int slot) {
+      trace_stage<kTrace>(s - s_begin, 4);
+      const uint32_t bar = smem_u32(&full_bar[slot]);
+      mbar_arrive_expect_tx(bar, x_bytes + uint32_t(G::kW));
+      tma_load_w(ring + slot * G::kStage + G::kX, &tmap_w, 2 * kStageChunks * s, rt0, op.expert, bar);
+    };
+    // Dense: the first `pre` stages' weight records (which no kernel writes) are requested before the wait
+    // for the previous kernel (with PDL, the lane-order pass writing X), so that their DRAM round trip
+    // overlaps its end; their X halves follow the wait. (A fresh ring: those slots are free.)
+    int pre = 0;
+    if constexpr (!kGrouped) {
+      pre = min(S, s_end - s_begin);
+      for (int r = 0; r < pre; ++r) request_w(s_begin + r, r);
+      griddep_wait();
+    }
+    for (int s = s_begin; s < s_end; ++s) {
+      const int r = s - s_begin, slot = r % S;                     // r: this CTA's ring position
+      const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
+      // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
+      // fragments, which must not meet stale NaN bits). The records of all 8 row tiles in one copy (a
+      // chunk past K and row tiles past the matrix read as zeros): per-row-tile bulk copies, eight more
+      // copies per stage, kept the copy engine busier than the bytes do (docs/prefill-notes.md).
+      if (r >= pre) {
+        mbar_wait(smem_u32(&empty_bar[slot]), ((r / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+        request_w(s, slot);
       }
-      for (int s = s_begin; s < it.s_end; ++s) {
-        const int r = s - s_begin, q = pos + r, slot = q % S;        // q: the CTA's ring position
-        const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
-        // Both X halves always (a half wholly past K is zero-filled: the consumers multiply it by zero
-        // fragments, which must not meet stale NaN bits). The records of all 8 row tiles in one copy (a
-        // chunk past K and row tiles past the matrix read as zeros): per-row-tile bulk copies, eight more
-        // copies per stage, kept the copy engine busier than the bytes do (docs/prefill-notes.md).
-        if (r >= pre) {
-          mbar_wait(smem_u32(&empty_bar[slot]), ((q / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-          request_w(s, slot);
-        }
-        tma_load_x(st, map, s * kStageK, tok0, bar);
-        tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
-      }
-      pos += it.s_end - s_begin;
-    } while (next_item());
+      tma_load_x(st, map, s * kStageK, tok0, bar);
+      tma_load_x(st + G::kXHalf, map, s * kStageK + 64, tok0, bar);
+    }
     return;
   }
 
   // ---- consumer warpgroups: warp w (0..7) owns row tile rt = 8 * row_block + w, i.e. rows 16w..16w+15
   // of the CTA's 128, which is warpgroup w/4's wgmma rows 16 (w%4) .. +15.
   setmaxnreg_inc<Regs<kBlocks>::kConsumer>();
-  const uint64_t pol = evict_normal_policy();
-  const uint64_t ring_desc = sw128_desc(ring);
-  const int g = lane >> 2;
-  int pos = 0;
-  bool more;
-  do {
-  const int rt = it.row_block * kRowTilesPerCta + warp;
+  const int rt = row_block * kRowTilesPerCta + warp;
   const bool rt_ok = rt < p.row_tiles;
-  const int j_begin = it.j_begin, j_end = it.j_end, s_begin = it.s_begin;
+  const uint64_t pol = evict_normal_policy();
   float acc[G::kAcc];
 #pragma unroll
   for (int i = 0; i < G::kAcc; ++i) acc[i] = 0.0f;
 
   ScaleRecord<F> rec;  // slice j + 1's record, loaded while slice j is computed
   Scales<F, T> sc;
-  if (rt_ok) rec.load(it.op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
+  if (rt_ok) rec.load(op.scales, (int64_t(rt) * p.k_macros + j_begin) * 32 + lane, pol);
   else rec.zero();
-  if constexpr (!kGrouped) {
-    if (pos == 0) griddep_wait();  // the bias may be a previous kernel's output
-  }
+  if constexpr (!kGrouped) griddep_wait();  // the bias may be a previous kernel's output
   // The epilogue's factors of this thread's rows g and g + 8 (out_scale, bias), loaded now so that their
   // round trip is spent under the main loop rather than after it, once per tile. Not at two CTAs per SM:
   // four more registers live through the loop spill there (104 per consumer thread).
   constexpr bool kEarlyFactors = kBlocks == 1;
+  const int g = lane >> 2;
   float2 early[2] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = rt * 16 + g + 8 * h;
-    if (kEarlyFactors && rt_ok && row < p.n) early[h] = row_factors(it.op.out_scale, it.op.bias, row);
+    if (kEarlyFactors && rt_ok && row < p.n) early[h] = row_factors(op.out_scale, op.bias, row);
   }
-  auto factors = [&](int h, int row) { return kEarlyFactors ? early[h] : row_factors(it.op.out_scale, it.op.bias, row); };
+  auto factors = [&](int h, int row) { return kEarlyFactors ? early[h] : row_factors(op.out_scale, op.bias, row); };
 
   // The main loop, its wgmmas NW tokens wide. Grouped mode: an expert's last tile often holds far fewer
   // rows than BN (gpt-oss-120b, 8192 tokens per pass: 256 +- 16 rows per expert in 256-token tiles, so
@@ -659,33 +613,32 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // work (its columns past NW stay zero and are never written). The width is uniform per CTA; each width
   // is its own copy of the loop, so every wgmma group keeps one shape.
   // Ring slots: where the ring holds whole slices (S a multiple of a slice's 4 stages: the two-CTA entries'
-  // 4, the one-CTA BN = 64 entries' 8; never persistent, so pos = 0) slice jr of this CTA starts at slot
-  // (4 jr) mod S, so a stage's slot is a compile-time q plus at most one bit of jr, and its descriptor is
-  // the ring's plus a constant. The general (pos + r) % S, a shared address and a descriptor rebuilt per
-  // stage took ~30 uniform-datapath instructions per stage and consumer warp (SASS at 10a331a), in a loop
-  // whose instruction issue is one of its bounds at m = 16-32 (docs/prefill-notes.md). Every shared
-  // address is below 2^18, so adding to the descriptor's 14-bit address field is exact.
+  // 4, the one-CTA BN = 64 entries' 8) slice jr of this CTA starts at slot (4 jr) mod S, so a stage's slot
+  // is a compile-time q plus at most one bit of jr, and its descriptor is the ring's plus a constant. The
+  // general r % S, a shared address and a descriptor rebuilt per stage took ~30 uniform-datapath
+  // instructions per stage and consumer warp (SASS at 10a331a), in a loop whose instruction issue is one
+  // of its bounds at m = 16-32 (docs/prefill-notes.md). Every shared address is below 2^18, so adding to
+  // the descriptor's 14-bit address field is exact.
+  const uint64_t ring_desc = sw128_desc(ring);
   auto main_loop = [&](auto nw) {
     constexpr int NW = decltype(nw)::value;
     // Slice j (512 K) is stages 4j .. 4j+3: unrolled over its stages so that the scale unit of every chunk
     // (Scales::get(cc)) is a compile-time index (a runtime one put the decoded scales in local memory).
     for (int j = j_begin; j < j_end; ++j) {
       sc.decode(rec.v);
-      if (rt_ok && j + 1 < j_end) rec.load(it.op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
+      if (rt_ok && j + 1 < j_end) rec.load(op.scales, (int64_t(rt) * p.k_macros + j + 1) * 32 + lane, pol);
 #pragma unroll
       for (int q = 0; q < kStagesPerSlice; ++q) {
         const int s = j * kStagesPerSlice + q;
         if (s >= n_stages) break;  // uniform: only the last slice may be short
         const int r = s - s_begin;
         constexpr bool kWholeSlices = S % kStagesPerSlice == 0;
-        static_assert(!(kWholeSlices && kPersistent), "whole-slice rings run one item per CTA");
         const unsigned jr = unsigned(j - j_begin);
-        const int slot = kWholeSlices ? int((jr * kStagesPerSlice) % unsigned(S)) + q : (pos + r) % S;
+        const int slot = kWholeSlices ? int((jr * kStagesPerSlice) % unsigned(S)) + q : r % S;
         const int prev = slot == 0 ? S - 1 : slot - 1;  // stage r - 1's slot
-        const uint32_t parity =
-            kWholeSlices ? (jr * kStagesPerSlice / unsigned(S)) & 1u : uint32_t((pos + r) / S) & 1u;
+        const uint32_t parity = kWholeSlices ? (jr * kStagesPerSlice / unsigned(S)) & 1u : uint32_t(r / S) & 1u;
         mbar_wait(smem_u32(&full_bar[slot]), parity);
-        if ((threadIdx.x & 127) == 0) trace_stage<kTrace>(pos + r, 2 * (warp >> 2));
+        if ((threadIdx.x & 127) == 0) trace_stage<kTrace>(r, 2 * (warp >> 2));
         const uint32_t st = ring + slot * G::kStage;
         const uint32_t recs = st + G::kX + warp * kStageChunks * kRecordBytes;
         const uint64_t desc0 = ring_desc + uint64_t((slot * G::kStage) >> 4);
@@ -710,7 +663,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
           wgmma_commit();
           fence_acc(acc);
           wgmma_wait<1>();  // the group before this one is done: its A registers and X half are free
-          if (i == kStageChunks - 1 && (threadIdx.x & 127) == 0) trace_stage<kTrace>(pos + r, 2 * (warp >> 2) + 1);
+          if (i == kStageChunks - 1 && (threadIdx.x & 127) == 0) trace_stage<kTrace>(r, 2 * (warp >> 2) + 1);
           if (i == 0 && r > 0) {
             // That group was stage s-1's last: hand its slot back to the producer.
             // Every thread arrives for its own reads (records by ld.shared, X by its wgmmas): the release
@@ -725,31 +678,20 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
     fence_acc(acc);
   };
   if constexpr (kHasNarrow<BN, kGrouped>) {
-    if (it.width == BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
-    else if (it.width == BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
+    if (width == BN / 4) main_loop(std::integral_constant<int, BN / 4>{});
+    else if (width == BN / 2) main_loop(std::integral_constant<int, BN / 2>{});
     else main_loop(std::integral_constant<int, BN>{});
   } else {
     main_loop(std::integral_constant<int, BN>{});
   }
-  // The item's last stage is still held (its slot is released after the item, below): a persistent CTA
-  // stages its output tile there while the producer fills the other slots with the next item's stages.
-  const int last_slot = kPersistent ? (pos + it.s_end - s_begin - 1) % S : 0;
-  pos += it.s_end - s_begin;
-  const int tok0 = it.op.tok_begin, tok_end = it.op.tok_end, row_block = it.row_block;
-  const int split = it.split, splits = it.splits, tail = it.tail;
-  more = next_item();
-  // PDL (dense): the next kernel may launch once every CTA is past its (last) main loop (its own wait still
-  // waits for this grid's end and memory); its launch and prologue then overlap the fixups and epilogues.
-  // Same-run A/B on the H200: one-wave calls of small layers 2-13% faster (gpt-oss attention, Llama-3.1-8B
-  // qkv, the tp8 shards at m = 48-64), larger calls unchanged; the fused MoE's GEMMs 0-3.5% slower with it
-  // (Qwen3-30B-A3B at T = 8192), so not in grouped mode.
-  if constexpr (!kGrouped) {
-    if (!more) griddep_launch_dependents();
-  }
+  // PDL (dense): the next kernel may launch once every CTA is past its main loop (its own wait still waits
+  // for this grid's end and memory); its launch and prologue then overlap the fixups and epilogues. Same-run
+  // A/B on the H200: one-wave calls of small layers 2-13% faster (gpt-oss attention, Llama-3.1-8B qkv, the
+  // tp8 shards at m = 48-64), larger calls unchanged; the fused MoE's GEMMs 0-3.5% slower with it (Qwen3-30B-A3B
+  // at T = 8192), so not in grouped mode.
+  if constexpr (!kGrouped) griddep_launch_dependents();
   if (threadIdx.x == 0) trace_at<kTrace>(2);
 
-  // The item's fixup and epilogue; returns when this CTA is done with the item's output.
-  auto finish = [&]() {
   // ---- split K: store this split's partial tile, count the arrival; the last split sums the partials in
   // split order (the same bits whatever the arrival order), then runs the epilogue. With two splits the last
   // one adds the other's partial to its own registers (p0 + p1 == p1 + p0 bit for bit): one partial tile
@@ -805,21 +747,20 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
   // token 8j + 2t + e of the CTA's token tile.
   const int t = lane & 3;
+  const int tok0 = op.tok_begin;
   T* y = static_cast<T*>(p.y);
   if (p.n % 8 == 0) {
     // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
     // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
     // memory as [token][row] and leaves in 16-byte segments, 8 rows of one token per lane, whole sectors
     // per warp store. With n % 8 == 0 every segment of an existing row is whole and 16-byte aligned (Y is;
-    // row blocks start at multiples of 128). The staging area is free once every consumer has passed its
-    // last wgmma wait (the barrier below): the ring from its start where the CTA has no further item (all
-    // its copies were waited on, the producer issues no more), else the slot of the item's last stage,
-    // which the consumers still hold.
+    // row blocks start at multiples of 128). The ring is free once every consumer has passed its last
+    // wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
     constexpr int kPitch = kRowsPerCta * 2 + 16;  // bytes per token; + 16: the 2-byte writes hit 16 banks
-    static_assert(BN * kPitch <= (kPersistent ? 1 : S) * G::kStage, "the staged tile fits its slots");
-    uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem)) + last_slot * G::kStage;
+    static_assert(BN * kPitch <= S * G::kStage, "the staged tile fits the ring");
+    uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem));
     const int row0 = row_block * kRowsPerCta, rows = min(kRowsPerCta, p.n - row0);
-    const int toks = min(BN, tok_end - tok0);
+    const int toks = min(BN, op.tok_end - tok0);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
     consumer_sync();                                               // come before these generic writes
     if (rt_ok) {
@@ -852,23 +793,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = tok0 + 8 * j + 2 * t + e;
-        if (tok < tok_end)
+        if (tok < op.tok_end)
           y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
       }
   }
-  };
-  finish();
-  if (more) {
-    // Hand the last stage's slot back for the next item: this thread's generic reads and writes of it (the
-    // staged tile) come before the producer's next TMA write there (async proxy).
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    mbar_arrive(smem_u32(&empty_bar[last_slot]));
-  }
-  // The back edge through a warp vote (more is uniform, every lane is here): ptxas then keeps the main
-  // loop's slot, parity and descriptor arithmetic on the uniform datapath. Looping on `more` itself moved it
-  // to vector registers (64 R2UR per slice in the SASS), and the kernel measured 3-10% slower, even for
-  // launches of one item per CTA. (No loop at all in the other instantiations.)
-  } while (kPersistent && __any_sync(~0u, more));
 #else
   __trap();  // built for another architecture: the plan never launches this
 #endif

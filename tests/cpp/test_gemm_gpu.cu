@@ -23,7 +23,6 @@
 #include "fp4kit/tuning.h"
 #include "gemm_internal.h"
 #include "gemm_test_util.h"
-#include "prefill.h"
 #include "testing.h"
 
 using namespace fp4kit;
@@ -532,59 +531,6 @@ TEST(gemm_prefill_off_tile_large) {
       check_case(f, 300, 8192 + 16, 2880, true, config_id("p128_w8_s5_k8"), true);
     }
   }
-}
-
-// Persistent launches (the 128- and 256-token entries): more work items than resident CTAs, so CTAs run
-// several items through one ring (positions and barrier parities carried over, the output staged in the
-// last stage's slot while the next item's stages arrive), with and without a split tail. Each case: random
-// data against the oracle (poisoned output and guard, counters zeroed), and the same bits as the same
-// call with one CTA per item. K = 2064 / 2112 (5 slices, the last one short: whole-K items of 17 stages,
-// so the ring's slots rotate between items, S = 5 and 3; the split tails 5 ways, a slice per unit); N ends
-// in a partial row block.
-TEST(gemm_prefill_persistent) {
-  if (!prefill_here()) return;
-  const int64_t sms = device_sms();
-  for (const char* name : {"p128_w8_s5", "p128_w8_s5_k8", "p256_w8_s3", "p256_w8_s3_k8"})
-    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-      const bool wide = std::string(name).rfind("p256", 0) == 0;
-      // Two token tiles (m = 200 / 300) over sms / 2 + 5 row blocks: more tiles than SMs.
-      const int64_t m = wide ? 300 : 200, n = (sms / 2 + 4) * 128 + 16, k = f == Format::kNVFP4 ? 2064 : 2112;
-      const bool bf16 = f == Format::kNVFP4;
-      detail::set_prefill_persistent(1);
-      const detail::DecodePlan plan = plan_of(m, f, n, k, config_id(name));
-      const bool split = std::string(name).find("_k8") != std::string::npos;
-      CHECK_MSG(plan.resident == sms && plan.grid > plan.resident && (plan.splits > 1) == split,
-                name << ": expected a persistent plan of more items than SMs" << (split ? " with a split tail" : "")
-                     << ", got " << plan.grid << " items on " << plan.resident << " CTAs, " << plan.splits << " splits");
-      CkptWeight w = fp4test::random_weight(f, n, k, rng());
-      DeviceWeight dw;
-      prepack_both(w, dw);
-      const auto x = random_x(m, k, bf16);
-      std::vector<float> bias;
-      std::uniform_real_distribution<float> ud(-2, 2);
-      for (int64_t i = 0; i < n; ++i) bias.push_back(fp4test::from_bits(fp4test::to_bits(ud(rng()), bf16), bf16));
-      const RunOut on = run(dw, x, &bias, m, bf16, config_id(name));
-      detail::set_prefill_persistent(0);
-      CHECK_MSG(plan_of(m, f, n, k, config_id(name)).resident == 0, name << ": persistence not switched off");
-      const RunOut off = run(dw, x, &bias, m, bf16, config_id(name));
-      detail::set_prefill_persistent(-1);
-      if (!on.ok || !off.ok) continue;
-      int64_t diff = 0;
-      for (size_t i = 0; i < on.bits.size(); ++i) diff += on.bits[i] != off.bits[i];
-      CHECK_MSG(diff == 0, format_name(f) << " " << name << ": persistent and one-CTA-per-item launches differ in "
-                                          << diff << " outputs");
-      const auto toks = sample_tokens(m, n, k);
-      const auto ref = reference_rows(x, fp4test::dequant(w), &bias, toks, n, k);
-      std::vector<float> sel(ref.size());
-      int64_t nonfinite = 0;
-      for (size_t ti = 0; ti < toks.size(); ++ti)
-        std::memcpy(&sel[ti * size_t(n)], &on.y[size_t(toks[ti] * n)], size_t(n) * sizeof(float));
-      for (float v : on.y) nonfinite += !std::isfinite(v);
-      const auto c = fp4test::compare(ref, sel);
-      CHECK_MSG(nonfinite == 0 && c.rel_l2 < (bf16 ? 1e-2 : 2e-3) && c.cosine > 0.999,
-                format_name(f) << " " << name << " persistent: rel_l2=" << c.rel_l2 << " cos=" << c.cosine
-                               << " nonfinite=" << nonfinite);
-    }
 }
 
 // Prefill in several passes (X into lane order through a workspace of at most lane_x_pass_bytes, lowered
