@@ -455,9 +455,10 @@ template <int BN, bool kGrouped> constexpr bool kHasNarrow = kGrouped || BN == l
 // ---- Optional timeline (tools/trace_prefill.cu instantiates kTrace = 1 with FP4KIT_PREFILL_TRACE defined;
 // the library instantiates kTrace = 0 only, where every hook is empty). Per CTA a record of kTraceRecord
 // values: [0] the SM, then clock64 at [1] entry, [2] past the main loop, [3] before the epilogue (the last
-// split only), [4] when consumer thread 0 leaves (after its epilogue stores, or its split's arrival); then per ring position r < kTraceStages, kTraceEvents values: consumer warpgroup w's first
-// thread when the stage's data is there (2w) and when its last wgmma group of the stage is issued and the
-// group before it retired (2w + 1), and the producer when it requests the stage's weight records (4).
+// split only), [4] when consumer thread 0 leaves (after its epilogue stores, or its split's arrival); then
+// per ring position r < kTraceStages, kTraceEvents values: consumer warpgroup w's first thread when the
+// stage's data is there (2w) and when its last wgmma group of the stage is issued and the group before it
+// retired (2w + 1), and the producer when it requests the stage's weight records (4).
 constexpr int kTraceStages = 64, kTraceHeader = 5, kTraceEvents = 5;
 constexpr int kTraceRecord = kTraceHeader + kTraceStages * kTraceEvents;
 #ifdef FP4KIT_PREFILL_TRACE
@@ -797,6 +798,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
           y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
       }
   }
+  if (threadIdx.x == 0) trace_at<kTrace>(4);
 #else
   __trap();  // built for another architecture: the plan never launches this
 #endif
