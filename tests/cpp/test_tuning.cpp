@@ -199,6 +199,14 @@ TEST(analytic_default_rule) {
   CHECK_EQ(cluster_twin(index_of("m8_r1_w8_b3_c8x1")), index_of("m8_r1_w8_b3_c8x1_cl"));
   CHECK_EQ(cluster_twin(index_of("m16_r1_w8_b2_c8x2")), index_of("m16_r1_w8_b2_c8x2_cl"));
   CHECK_EQ(cluster_twin(index_of("m64_r2_w8_b1_c8x1")), -1);
+  // Every cluster entry is the twin of exactly one ring entry: make_plan's fallback (a build without the
+  // cluster kernel's sm_90 code runs the ring entry instead) always finds it.
+  for (int c = 0; c < kNumKernelConfigs; ++c) {
+    if (kKernelConfigs[c].pipeline != kCluster) continue;
+    int rings = 0;
+    for (int i = 0; i < kNumKernelConfigs; ++i) rings += kKernelConfigs[i].pipeline == kRing && cluster_twin(i) == c;
+    CHECK_MSG(rings == 1, kKernelConfigs[c].name << " is the cluster twin of " << rings << " ring entries");
+  }
 }
 
 TEST(analytic_default_split_k) {
