@@ -140,14 +140,14 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (facts.major < 8)
     return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(facts.major) +
                                "." + std::to_string(facts.minor) + ")");
-  int id = config >= 0 ? config : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.major, facts.sms);
+  // A build whose image for this Hopper device is compute_80 code JIT-compiled has the sm_90-only code
+  // compiled out (the wgmma prefill kernel; the decode kernel's cluster reduction, without which each CTA
+  // of a cluster would run its row group's whole K): dispatch picks what an sm_80-89 device would run.
+  const int dispatch_major = facts.major == 9 && !prefill_runs_here() ? 8 : facts.major;
+  int id = config >= 0 ? config
+                       : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, dispatch_major, facts.sms);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
-  if (config < 0 && cfg->pipeline == kWgmma && !prefill_runs_here()) {
-    // A build without sm_90a code: what an sm_80 device would run.
-    id = pick_config(m, w.n, w.k, nullptr, 8, facts.sms);
-    cfg = find_config(id);
-  }
   if (config < 0 && cfg->pipeline == kMma && mma_prefill_smem(*cfg) > facts.smem_optin) {
     // The 128-token ring does not fit this device's shared memory (sm_86 / sm_89: 99 KB): the 64-token
     // entry of the same K-split kind.
@@ -158,17 +158,6 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
         break;
       }
     }
-  }
-  if (config < 0 && cfg->pipeline == kCluster &&
-      !sm90_code_here(reinterpret_cast<const void*>(select_kernel(w.format, act, id)))) {
-    // A build whose Hopper code is compute_80 PTX JIT-compiled has the cluster reduction compiled out
-    // (each CTA of a cluster would run its row group's whole K): the ring entry it is the twin of.
-    for (int i = 0; i < kNumKernelConfigs; ++i)
-      if (kKernelConfigs[i].pipeline == kRing && cluster_twin(i) == int(cfg - kKernelConfigs)) {
-        cfg = &kKernelConfigs[i];
-        id = cfg->id;
-        break;
-      }
   }
   if (!config_supported(*cfg, facts.major))
     return Status::Unsupported(std::string("config: ") + cfg->name + " needs a compute capability 9.x (Hopper) device (got " +

@@ -80,8 +80,8 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural = false);
 
-// Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. The
-// dispatcher falls back to the decode kernel where it does not.
+// Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. Where a
+// Hopper device lacks it, make_plan dispatches as an sm_80-89 device would (no wgmma, no cluster entries).
 bool prefill_runs_here();
 // Whether this build runs sm_90 code of `kernel` on the current device (a compute_80 image JIT-compiled for
 // Hopper has the sm_90-only paths compiled out). Checked once per device and kernel.

@@ -199,8 +199,8 @@ TEST(analytic_default_rule) {
   CHECK_EQ(cluster_twin(index_of("m8_r1_w8_b3_c8x1")), index_of("m8_r1_w8_b3_c8x1_cl"));
   CHECK_EQ(cluster_twin(index_of("m16_r1_w8_b2_c8x2")), index_of("m16_r1_w8_b2_c8x2_cl"));
   CHECK_EQ(cluster_twin(index_of("m64_r2_w8_b1_c8x1")), -1);
-  // Every cluster entry is the twin of exactly one ring entry: make_plan's fallback (a build without the
-  // cluster kernel's sm_90 code runs the ring entry instead) always finds it.
+  // Every cluster entry is the twin of exactly one ring entry: each runs one ring entry's kernel with its K
+  // split over a cluster, which is how pick_config and the fused MoE reach them.
   for (int c = 0; c < kNumKernelConfigs; ++c) {
     if (kKernelConfigs[c].pipeline != kCluster) continue;
     int rings = 0;
