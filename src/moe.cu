@@ -333,6 +333,8 @@ struct MoEPlan {
   bool bf16 = false;
   bool tc = false;     // the tensor-core path (FP4 or, with bf16, BF16 experts)
   bool mma = false;    // ... through an mma.sync kernel (X and activations in natural order), else wgmma
+  bool bf16_wgmma = false;  // BF16 experts on the tensor-core path through moe_bf16_wgmma.cuh (mma is set:
+                            // it reads X in natural order too), else moe_bf16_mma.cuh
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
   Bf16Plan bgu, bdn;   // BF16 experts
@@ -392,7 +394,7 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     const bool wide = wgmma ? n_tiles >= 2 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
     *tc = fp4 && (a.tokens > kMoEDecodePassTokens || wide);
   }
-  *mma = *tc && (!fp4 || !wgmma);  // BF16 experts: mma.sync only
+  *mma = *tc && (!fp4 || !wgmma);  // X in natural order: mma.sync kernels, and BF16 experts' kernels (both)
   return Status::Ok();
 }
 
@@ -400,6 +402,9 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
   FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.mma));
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
+  // BF16 experts' tensor-core kernel: wgmma where this build runs the sm_90a code here (FP4KIT_MOE_MMA=1 forces
+  // mma.sync, as for FP4 experts).
+  p.bf16_wgmma = p.bf16 && p.tc && !moe_mma_forced() && detail::prefill_runs_here();
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
@@ -417,14 +422,16 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // The mma.sync kernels (FP4 without wgmma, BF16 experts everywhere) have 64- and 128-token tiles; BF16
     // experts, gpt-oss-120b: 16 rows per expert at T = 512 1.67 ms on 64-token tiles against 2.21 on 128.
     const int avg = p.pairs / p.max_active;
-    if (p.mma && a.token_tile == 256)
-      return Status::Invalid(p.bf16 ? "token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles: 0, 64 or 128"
+    const bool wide_tiles = !p.mma || p.bf16_wgmma;  // the wgmma kernels have 256-token tiles
+    if (!wide_tiles && a.token_tile == 256)
+      return Status::Invalid(p.bf16 ? "token_tile: 256-token tiles need the wgmma kernel (sm_90a); BF16 experts' "
+                                      "tensor-core path here runs the mma.sync kernel: 0, 64 or 128"
                                     : "token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path "
                                       "here runs the mma.sync kernel: 0, 64 or 128");
-    const int bn = a.token_tile ? a.token_tile : avg >= 192 && !p.mma ? 256 : avg >= 96 ? 128 : 64;
+    const int bn = a.token_tile ? a.token_tile : avg >= 192 && wide_tiles ? 256 : avg >= 96 ? 128 : 64;
     if (p.bf16) {
-      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, &p.tgu));
-      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, &p.tdn));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, p.bf16_wgmma, &p.tgu));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, p.bf16_wgmma, &p.tdn));
     } else {
       const KernelConfig& cfg = kKernelConfigs[p.mma ? mma_index(bn / 8) : prefill_index(bn / 8)];
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
@@ -642,7 +649,8 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel) {
   if (!kernel) return Status::Invalid("kernel: must not be null");
   MoEPlan plan;
   FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
-  *kernel = plan.tc ? (plan.bf16 ? "bf16 mma.sync" : plan.mma ? "mma.sync" : "wgmma") : plan.bf16 ? "bf16 gemv" : "decode";
+  *kernel = plan.tc ? (plan.bf16 ? (plan.bf16_wgmma ? "bf16 wgmma" : "bf16 mma.sync") : plan.mma ? "mma.sync" : "wgmma")
+                    : plan.bf16 ? "bf16 gemv" : "decode";
   return Status::Ok();
 }
 

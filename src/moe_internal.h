@@ -15,8 +15,8 @@ Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_
                            bool* one_token = nullptr);
 
 // The GEMM kernel the plan runs for these arguments: "decode" (the grouped decode GEMM), "bf16 gemv" (BF16
-// experts' GEMV), "wgmma" or "mma.sync" (FP4 experts on the tensor-core path), "bf16 mma.sync" (BF16 experts
-// on the tensor-core path). The benchmark records it beside each row.
+// experts' GEMV), "wgmma" or "mma.sync" (FP4 experts on the tensor-core path), "bf16 wgmma" or "bf16
+// mma.sync" (BF16 experts on the tensor-core path). The benchmark records it beside each row.
 Status moe_gemm_kernel(const MoEArgs& a, const char** kernel);
 
 // The decode path's cluster mode (moe.cu, plan_grouped): 0 never (stream-K only), 1 by its rule, -1 as the

@@ -14,6 +14,7 @@
 #include "fp4kit/repack.h"
 #include "kernels/lane_order.cuh"
 #include "kernels/moe_bf16_mma.cuh"
+#include "kernels/moe_bf16_wgmma.cuh"
 #include "kernels/prefill_gemm_sm80.cuh"
 #include "kernels/prefill_gemm_sm90.cuh"
 #include "launch.h"
@@ -397,21 +398,36 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
   return Status::Ok();
 }
 
-// 64-token tiles one CTA per SM with a 4-stage ring, 128-token tiles two CTAs per SM (3 stages, 128
-// registers: one CTA's ring fill and epilogue overlap the other's main loop). Both take 96 KB of shared
-// memory, which every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200, docs/moe-notes.md):
-// 128-token tiles two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7 ms; 64-token tiles
-// two per SM 1-3% slower than one.
-Status plan_grouped_bf16(int64_t n, int64_t k, int bn, GroupedPrefillPlan* out) {
+// mma.sync (moe_bf16_mma.cuh): 64-token tiles one CTA per SM with a 4-stage ring, 128-token tiles two CTAs
+// per SM (3 stages, 128 registers: one CTA's ring fill and epilogue overlap the other's main loop). Both
+// take 96 KB of shared memory, which every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200,
+// docs/moe-notes.md): 128-token tiles two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7
+// ms; 64-token tiles two per SM 1-3% slower than one. wgmma (moe_bf16_wgmma.cuh): one CTA per SM.
+Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefillPlan* out) {
   namespace bm = kernels::bf16mma;
+  namespace bw = kernels::bf16wgmma;
   GroupedPrefillPlan p;
-  const bool wide = bn == 128;
-  p.kernel = wide ? reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<128, 3, 2>)
-                  : reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<64, 4, 1>);
+  if (wgmma) {
+    switch (bn) {
+      case 64: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<64>), p.smem_bytes = bw::Geometry<64>::kSmem; break;
+      case 128: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<128>), p.smem_bytes = bw::Geometry<128>::kSmem; break;
+      case 256: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<256>), p.smem_bytes = bw::Geometry<256>::kSmem; break;
+      default: return Status(Code::kInternal, "fused_moe: BF16 experts' wgmma kernel has no " + std::to_string(bn) + "-token tile");
+    }
+    FP4KIT_RETURN_IF_ERROR(check_image(p.kernel));
+    p.threads = bw::kThreads;
+    p.bf16_wgmma = true;
+  } else {
+    if (bn != 64 && bn != 128)
+      return Status(Code::kInternal, "fused_moe: BF16 experts' mma.sync kernel has no " + std::to_string(bn) + "-token tile");
+    const bool wide = bn == 128;
+    p.kernel = wide ? reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<128, 3, 2>)
+                    : reinterpret_cast<const void*>(&bm::moe_bf16_mma_kernel<64, 4, 1>);
+    p.threads = bm::kThreads;
+    p.smem_bytes = wide ? bm::Geometry<128, 3>::kSmem : bm::Geometry<64, 4>::kSmem;
+  }
   p.mma = true;
-  p.threads = bm::kThreads;
-  p.smem_bytes = wide ? bm::Geometry<128, 3>::kSmem : bm::Geometry<64, 4>::kSmem;
-  p.bn = wide ? 128 : 64;
+  p.bn = bn;
   p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
   p.layout.n = n;
   p.layout.k = k;
@@ -424,6 +440,23 @@ Status plan_grouped_bf16(int64_t n, int64_t k, int bn, GroupedPrefillPlan* out) 
   return Status::Ok();
 }
 
+// The experts' BF16 weights as a TMA tensor {k, n, experts} (rows k * 2 bytes apart, experts `stride`
+// bytes apart), boxes of {64 K, 128 rows, 1 expert} with the 128-byte swizzle; past k and n read as zero.
+static Status bf16_w_tensor_map(const void* base, int64_t n, int64_t k, int experts, size_t stride, CUtensorMap* map) {
+  EncodeTiledFn encode = nullptr;
+  FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
+  const cuuint64_t dims[3] = {cuuint64_t(k), cuuint64_t(n), cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {cuuint64_t(k) * 2, cuuint64_t(experts > 1 ? stride : size_t(n * k * 2))};
+  const cuuint32_t box[3] = {uint32_t(kernels::bf16wgmma::kStageK), uint32_t(kernels::bf16wgmma::kRows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status(Code::kCudaError, "fused_moe: cuTensorMapEncodeTiled (BF16 experts) failed (" + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
   const PackedLayout& l = plan.layout;
   const int64_t grid = int64_t(plan.row_blocks) * a.max_tiles;
@@ -431,7 +464,17 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
-  if (plan.mma) {
+  if (plan.bf16_wgmma) {
+    // Natural order, rows k long; both operands by TMA (boxes of a whole, a half and a quarter tile of X).
+    CUtensorMap map, wmap;
+    pk::NarrowX narrow;
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn, &map));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn / 2, &narrow.half));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn / 4, &narrow.quarter));
+    FP4KIT_RETURN_IF_ERROR(bf16_w_tensor_map(a.base, l.n, l.k, a.experts, a.stride, &wmap));
+    launch_kernel(reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel)), dim3(unsigned(grid)), dim3(plan.threads),
+                  size_t(plan.smem_bytes), stream, a.pdl, map, narrow, wmap, p);
+  } else if (plan.mma) {
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
   } else {

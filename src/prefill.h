@@ -29,7 +29,9 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
 struct GroupedPrefillPlan {
   const void* kernel = nullptr;
-  bool mma = false;  // an mma.sync kernel (X in natural order, rows k long), else wgmma (lane order, k_pad)
+  bool mma = false;  // X in natural order, rows k long (an mma.sync kernel, or BF16 experts' wgmma kernel),
+                     // else the FP4 wgmma kernel (lane order, k_pad)
+  bool bf16_wgmma = false;  // BF16 experts' wgmma kernel (kernels/moe_bf16_wgmma.cuh; mma is set too)
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
   int sms = 0;          // of the device
@@ -41,10 +43,11 @@ struct GroupedPrefillPlan {
 Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const KernelConfig& cfg,
                             GroupedPrefillPlan* out);
 
-// For BF16 experts [n, k] (plain row-major bfloat16, kernels/moe_bf16_mma.cuh, every sm_80+ device) with
-// bn-token tiles (64 or 128): a plan launch_prefill_grouped runs like an mma.sync one (X in natural order,
-// rows k long); its layout holds only n and k (no prepack: every offset 0).
-Status plan_grouped_bf16(int64_t n, int64_t k, int bn, GroupedPrefillPlan* out);
+// For BF16 experts [n, k] (plain row-major bfloat16) with bn-token tiles: with `wgmma` (the caller's choice:
+// a Hopper device whose build carries sm_90a code) kernels/moe_bf16_wgmma.cuh, bn 64, 128 or 256; else
+// kernels/moe_bf16_mma.cuh (every sm_80+ device), bn 64 or 128. X in natural order, rows k long; the
+// layout holds only n and k (no prepack: every offset 0).
+Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefillPlan* out);
 
 struct GroupedPrefillArgs {
   const void* x = nullptr;  // [rows, k_pad] of act in lane order (layout::natural_pair; the mma.sync kernel:

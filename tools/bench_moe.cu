@@ -21,8 +21,8 @@
 // the routings the graph used); weight_tbps = those bytes / time, roofline_frac against 4.25 TB/s (at
 // T > 64 both understate what the passes stream: see streamed_tbps). BF16 experts' bytes are counted the
 // same way (n * k * 2 per matrix). --path forces fused_moe's path (MoEArgs::path; each row records the path
-// taken and `gemm_kernel` the GEMM kernel it ran (decode, bf16 gemv, wgmma, mma.sync, bf16 mma.sync), and
-// passes and streamed bytes follow that path's pass size; on the decode path `clusters` gives the
+// taken and `gemm_kernel` the GEMM kernel it ran (decode, bf16 gemv, wgmma, mma.sync, bf16
+// wgmma, bf16 mma.sync), and passes and streamed bytes follow that path's pass size; on the decode path `clusters` gives the
 // CTAs per cluster of the gate_up and down GEMMs, 0 where they run stream-K). --tile sets MoEArgs::token_tile, the
 // tensor-core path's token tile (0: chosen; rows record it as token_tile). --act f16: FP16 activations (FP4 formats only; bf16 experts are skipped). When bf16 is among the formats, every FP4 row
 // carries speedup_vs_bf16 = BF16 us / FP4 us for the same model and T (same routings: the routing RNG is

@@ -358,6 +358,48 @@ FP4KIT_WGMMA(__nv_bfloat16, "bf16", 256)
 FP4KIT_WGMMA(__half, "f16", 256)
 #undef FP4KIT_WGMMA
 
+// The same with A from shared memory too (both operands K-major, 128-byte swizzle: kernels/moe_bf16_wgmma.cuh
+// for plain BF16 weights, where nothing needs the register path). The operands after the accumulators: A's
+// descriptor, B's, then scale-d as before; imm-scale-a/b 1, no transposes.
+template <typename T, int BN> struct WgmmaSS;
+#define FP4KIT_WGMMA_SS_TAIL16 "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+#define FP4KIT_WGMMA_SS_PRED16 "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+#define FP4KIT_WGMMA_SS_TAIL32 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+#define FP4KIT_WGMMA_SS_PRED32 "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+#define FP4KIT_WGMMA_SS_TAIL64 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define FP4KIT_WGMMA_SS_PRED64 "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+#define FP4KIT_WGMMA_SS_TAIL128 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+#define FP4KIT_WGMMA_SS_PRED128 "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+#define FP4KIT_WGMMA_SS_TAIL256 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+#define FP4KIT_WGMMA_SS_PRED256 "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+#define FP4KIT_WGMMA_SS(CT, PT, BN)                                                                        \
+  template <> struct WgmmaSS<CT, BN> {                                                                     \
+    template <int kLen>                                                                                    \
+    __device__ __forceinline__ static void mma(float (&d)[kLen], uint64_t desc_a, uint64_t desc_b) {        \
+      static_assert(kLen >= BN / 2, "m64nBN writes BN / 2 accumulators per thread");                        \
+      asm volatile(FP4KIT_WGMMA_SS_PRED##BN "wgmma.mma_async.sync.aligned.m64n" #BN "k16.f32." PT "." PT " {" \
+                   FP4KIT_WGMMA_D##BN FP4KIT_WGMMA_SS_TAIL##BN                                               \
+                   : FP4KIT_WGMMA_OPS##BN(d)                                                                \
+                   : "l"(desc_a), "l"(desc_b), "r"(1));                                                     \
+    }                                                                                                      \
+  };
+FP4KIT_WGMMA_SS(__nv_bfloat16, "bf16", 16)
+FP4KIT_WGMMA_SS(__nv_bfloat16, "bf16", 32)
+FP4KIT_WGMMA_SS(__nv_bfloat16, "bf16", 64)
+FP4KIT_WGMMA_SS(__nv_bfloat16, "bf16", 128)
+FP4KIT_WGMMA_SS(__nv_bfloat16, "bf16", 256)
+#undef FP4KIT_WGMMA_SS
+#undef FP4KIT_WGMMA_SS_TAIL16
+#undef FP4KIT_WGMMA_SS_PRED16
+#undef FP4KIT_WGMMA_SS_TAIL32
+#undef FP4KIT_WGMMA_SS_PRED32
+#undef FP4KIT_WGMMA_SS_TAIL64
+#undef FP4KIT_WGMMA_SS_PRED64
+#undef FP4KIT_WGMMA_SS_TAIL128
+#undef FP4KIT_WGMMA_SS_PRED128
+#undef FP4KIT_WGMMA_SS_TAIL256
+#undef FP4KIT_WGMMA_SS_PRED256
+
 #undef FP4KIT_WGMMA_D16
 #undef FP4KIT_WGMMA_OPS16
 #undef FP4KIT_WGMMA_TAIL16

@@ -30,6 +30,7 @@
 #include "fp4kit/routing.h"
 #include "gemm_test_util.h"
 #include "moe_internal.h"
+#include "prefill.h"
 #include "testing.h"
 
 using namespace fp4kit;
@@ -490,6 +491,21 @@ TEST(moe_bf16_gemv_splits) {
   detail::set_moe_bf16_split(-1);
 }
 
+// The tensor-core path's kernels this device runs, each made current in turn by body(mma): wgmma (Hopper
+// with sm_90a code), and mma.sync, which every sm_80+ device runs (forced on Hopper: detail::set_moe_mma).
+template <class Body>
+void for_each_tensor_core_kernel(Body body) {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  for (int mma : {0, 1}) {
+    if (mma == 0 && major != 9) continue;  // elsewhere the path is the mma.sync kernel already
+    detail::set_moe_mma(mma);
+    body(mma == 1 || major != 9);
+  }
+  detail::set_moe_mma(-1);
+}
+
 // A forced tensor-core case of the token-count / top-k / routing sweeps below: experts 8 + 4k (32 at
 // top-8), the activation, gate/up layout and biases varied with T and k.
 struct TcPoint { int64_t T; int k; Case::Routing r; bool f16 = false; };
@@ -508,8 +524,9 @@ Case tensor_core_case(const TcPoint& t, int token_tile) {
   return c;
 }
 
-// BF16 experts on the tensor-core path (moe_bf16_mma.cuh; forced, every sm_80+ device): H = 168 and I = 104
-// (partial 128-row blocks, K of 2.6 / 1.6 64-K stages), token tiles chosen, 64 and 128 in turn; one row,
+// BF16 experts on the tensor-core path (forced), through each kernel the device runs (moe_bf16_wgmma.cuh on
+// Hopper with sm_90a code, moe_bf16_mma.cuh on every sm_80+ device): H = 168 and I = 104 (partial 128-row
+// blocks, K of 2.6 / 1.6 64-K stages), token tiles chosen, 64, 128 and (wgmma) 256 in turn; one row,
 // partial tiles, skewed routing, every token on experts 0..k-1 (one expert with T rows: many tiles), padded
 // expert strides (NaN in the padding), the gpt-oss shape, and (full run) two passes.
 TEST(moe_bf16_tensor_core_matches_reference) {
@@ -519,41 +536,47 @@ TEST(moe_bf16_tensor_core_matches_reference) {
     cases.push_back({130, 1, Case::kOneExpert});
     cases.push_back({kMoETensorCorePassTokens + 8, 2, Case::kRandom});  // two passes
   }
-  int n = 0;
-  for (const TcPoint& t : cases) {
-    const int tiles[3] = {0, 64, 128};
-    Case c = tensor_core_case(t, tiles[n % 3]);
-    c.bf16 = true;
-    c.bf16_pad = n++ % 2 ? 48 : 0;
-    c.H = 168;
-    c.I = 104;
-    check_case(c);
-  }
-  Case g = gpt_oss_case();  // K = 2880 (45 stages), n = 5760 and 2880
-  g.bf16 = true;
-  g.path = MoEPath::kTensorCore;
-  g.T = 70;
-  g.routing = Case::kSkewed;
-  check_case(g);
+  for_each_tensor_core_kernel([&](bool mma) {
+    int n = 0;
+    for (const TcPoint& t : cases) {
+      const int tiles[4] = {0, 64, 128, 256};
+      Case c = tensor_core_case(t, tiles[n % (mma ? 3 : 4)]);
+      c.bf16 = true;
+      c.bf16_pad = n++ % 2 ? 48 : 0;
+      c.H = 168;
+      c.I = 104;
+      check_case(c);
+    }
+    Case g = gpt_oss_case();  // K = 2880 (45 stages), n = 5760 and 2880
+    g.bf16 = true;
+    g.path = MoEPath::kTensorCore;
+    g.T = 70;
+    g.routing = Case::kSkewed;
+    check_case(g);
+  });
 }
 
-// Both token tiles of the BF16 tensor-core kernel on experts whose rows leave exactly BN / 2 + 1, one row
-// after whole tiles, no rows at all, and whole tiles (small: the sanitizer runs it).
+// Every token tile of the BF16 tensor-core kernels on experts whose rows leave exactly BN / 4 + 1 and BN / 2
+// + 1 (the wgmma kernel's narrow widths), one row after whole tiles, no rows at all, and whole tiles
+// (small: the sanitizer runs it).
 TEST(moe_bf16_tensor_core_tiles) {
-  for (int bn : {64, 128}) {
-    Case c;
-    c.bf16 = true;
-    c.path = MoEPath::kTensorCore;
-    c.token_tile = bn;
-    c.top_k = 1;
-    c.E = 6;
-    c.counts = {bn / 2 + 1, bn + 1, 1, 0, bn, 3};
-    c.T = 0;
-    for (int v : c.counts) c.T += v;
-    c.routing = Case::kCounts;
-    c.bias = true;
-    check_case(c);
-  }
+  for_each_tensor_core_kernel([&](bool mma) {
+    for (int bn : {64, 128, 256}) {
+      if (mma && bn == 256) continue;  // the mma.sync kernel's tiles are 64 and 128
+      Case c;
+      c.bf16 = true;
+      c.path = MoEPath::kTensorCore;
+      c.token_tile = bn;
+      c.top_k = 1;
+      c.E = 7;
+      c.counts = {bn / 2 + 1, bn + 1, 1, 0, bn, 3, bn / 4 + 1};
+      c.T = 0;
+      for (int v : c.counts) c.T += v;
+      c.routing = Case::kCounts;
+      c.bias = true;
+      check_case(c);
+    }
+  });
 }
 
 TEST(moe_bf16_bad_ids_give_nan_rows) {
@@ -824,20 +847,6 @@ bool tensor_core_path_here(const char* test) {
   return st.ok();
 }
 
-// The tensor-core path's kernels this device runs, each made current in turn by body(mma): wgmma (Hopper
-// with sm_90a code), and mma.sync, which every sm_80+ device runs (forced on Hopper: detail::set_moe_mma).
-template <class Body>
-void for_each_tensor_core_kernel(Body body) {
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  for (int mma : {0, 1}) {
-    if (mma == 0 && major != 9) continue;  // elsewhere the path is the mma.sync kernel already
-    detail::set_moe_mma(mma);
-    body(mma == 1 || major != 9);
-  }
-  detail::set_moe_mma(-1);
-}
 
 // Forced tensor-core path against the reference. Shapes: H = 160 (gate_up K of 2.5 64-K chunks:
 // NVFP4's odd last stage) and I = 96 (down K = 96), n = 192 and 160 (partial 128-row blocks). Tokens:
@@ -943,7 +952,7 @@ TEST(moe_auto_path_rule) {
     const char* kernel = "";
     CHECK_OK(detail::moe_gemm_kernel(a, &kernel));
     const bool tc = c.want == MoEPath::kTensorCore;
-    const std::string want = c.bf16 ? (tc ? "bf16 mma.sync" : "bf16 gemv") : (tc ? "wgmma" : "decode");
+    const std::string want = c.bf16 ? (tc ? (wgmma ? "bf16 wgmma" : "bf16 mma.sync") : "bf16 gemv") : (tc ? "wgmma" : "decode");
     const bool fp4_mma = !c.bf16 && tc && std::string(kernel) == "mma.sync";  // a device without sm_90a code
     CHECK_MSG(want == kernel || fp4_mma, "T=" << c.T << ": kernel " << kernel << ", expected " << want);
   }
@@ -1031,7 +1040,8 @@ TEST(moe_mma_token_tile_rule) {
   detail::set_moe_mma(-1);
 }
 
-// BF16 experts' tensor-core kernel has no 256-token tiles: a clear error.
+// BF16 experts' mma.sync kernel has no 256-token tiles: a clear error (forced where the wgmma kernel runs,
+// which has them).
 TEST(moe_bf16_token_tile_rule) {
   MoEArgs a = small_shapes();
   a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
@@ -1040,12 +1050,21 @@ TEST(moe_bf16_token_tile_rule) {
   a.path = MoEPath::kTensorCore;
   a.token_tile = 256;
   size_t bytes = 0;
+  detail::set_moe_mma(1);
   const Status st = moe_workspace_bytes(a, &bytes);
-  CHECK_MSG(!st.ok() && st.message().find("token_tile: BF16 experts' tensor-core kernel has 64- and 128-token tiles") !=
-                            std::string::npos,
+  CHECK_MSG(!st.ok() && st.message().find("token_tile: 256-token tiles need the wgmma kernel (sm_90a); BF16 experts' "
+                                          "tensor-core path here runs the mma.sync kernel") != std::string::npos,
             "got: " << st.message());
   a.token_tile = 128;
   CHECK_OK(moe_workspace_bytes(a, &bytes));
+  detail::set_moe_mma(-1);
+  if (detail::prefill_runs_here()) {
+    a.token_tile = 256;
+    CHECK_OK(moe_workspace_bytes(a, &bytes));
+    const char* kernel = "";
+    CHECK_OK(detail::moe_gemm_kernel(a, &kernel));
+    CHECK_MSG(std::string(kernel) == "bf16 wgmma", "kernel " << kernel);
+  }
 }
 
 TEST(moe_validator_messages) {
