@@ -41,18 +41,25 @@ using prefill::CtaOperands;
 using prefill::NarrowX;
 using prefill::PrefillParams;
 
-constexpr int kThreads = prefill::kThreads;  // two consumer warpgroups + the producer warpgroup
+// Threads per CTA: two consumer warpgroups and a producer warpgroup whose registers setmaxnreg hands to the
+// consumers (one CTA per SM: 232 each, for BN = 256's 128 accumulators); at two CTAs per SM a producer warp
+// only, no setmaxnreg: ptxas compiles for the launch bound's share, 65536 / (2 x 288) -> 112 registers,
+// which BN = 128's 64 accumulators need (with a whole producer warpgroup the share is 80).
+constexpr int threads_for(int blocks) { return blocks == 1 ? prefill::kThreads : prefill::kConsumerThreads + 32; }
+constexpr int kThreads = threads_for(1);
 constexpr int kConsumerThreads = prefill::kConsumerThreads;
 constexpr int kRows = prefill::kRowsPerCta;  // 128 weight rows per CTA
 constexpr int kStageK = 64;
 constexpr int kWBytes = kRows * 128;  // a stage's weights: 16 KB, a multiple of 1024 (X's box follows)
 
-template <int BN> struct Geometry {
+// kBlocks CTAs per SM share its ~227 KB of shared memory (and the register file: prefill::Regs).
+template <int BN, int kBlocks = 1> struct Geometry {
   static_assert(BN == 64 || BN == 128 || BN == 256, "token tile");
+  static_assert(kBlocks == 1 || (kBlocks == 2 && BN <= 128), "two CTAs per SM: BN <= 128 (registers)");
   static constexpr int kX = BN * 128;
   static constexpr int kStage = kWBytes + kX;
-  static constexpr int kFit = 220 * 1024 / kStage;
-  static constexpr int kStages = kFit > 8 ? 8 : kFit;   // 8 / 6 / 4 at BN = 64 / 128 / 256
+  static constexpr int kFit = (kBlocks == 1 ? 220 * 1024 : 108 * 1024) / kStage;
+  static constexpr int kStages = kFit > 8 ? 8 : kFit;   // one CTA: 8 / 6 / 4 at BN = 64 / 128 / 256; two: 4 / 3
   static constexpr int kSmem = kStages * kStage + 1024;  // + slack to align the ring to 1024 B
   static constexpr int kAcc = BN / 2;
   static constexpr int kPitch = kRows * 2 + 16;          // epilogue: bytes per token (+16: banks)
@@ -68,13 +75,13 @@ __device__ __forceinline__ void tma_load_w(uint32_t dst, const CUtensorMap* map,
       : "memory");
 }
 
-template <int BN>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BN, int kBlocks = 1>
+__global__ void __launch_bounds__(threads_for(kBlocks), kBlocks)
     moe_bf16_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
                           const __grid_constant__ CUtensorMap tmap_w, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace prefill;
-  using G = Geometry<BN>;
+  using G = Geometry<BN, kBlocks>;
   using T = __nv_bfloat16;
   constexpr int S = G::kStages;
   extern __shared__ uint8_t bf16w_smem[];
@@ -90,20 +97,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int width = layout::tile_width(BN, op.tok_end - op.tok_begin);
   const int row0 = row_block * kRows;
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(smem_u32(&full_bar[s]), 1);                 // producer's arrive + bytes
-      mbar_init(smem_u32(&empty_bar[s]), kConsumerThreads);  // every consumer thread arrives
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring<S>(full_bar, empty_bar);
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one thread fills the ring; the other warps give their registers back.
-    setmaxnreg_dec<Regs<1>::kProducer>();
+    if constexpr (kBlocks == 1) setmaxnreg_dec<Regs<1>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
     const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
     if (lane == 0) {
@@ -124,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumer warpgroups: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of the CTA's 128.
-  setmaxnreg_inc<Regs<1>::kConsumer>();
+  if constexpr (kBlocks == 1) setmaxnreg_inc<Regs<1>::kConsumer>();
   const int wg = warp >> 2;
   float acc[G::kAcc];
 #pragma unroll

@@ -238,6 +238,21 @@ __device__ __forceinline__ void tma_load_w(uint32_t dst, const CUtensorMap* map,
       "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(piece), "r"(rt), "r"(e), "r"(bar)
       : "memory");
 }
+// The ring's barriers, by thread 0, then a CTA barrier: full[s] completes on the producer's arrive and its
+// copies' bytes, empty[s] on every consumer thread's arrive.
+template <int S>
+__device__ __forceinline__ void init_ring(uint64_t (&full)[S], uint64_t (&empty)[S]) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(smem_u32(&full[s]), 1);
+      mbar_init(smem_u32(&empty[s]), kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -561,16 +576,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int j_end = int(int64_t(p.k_macros) * (split + 1) / splits);
   const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(smem_u32(&full_bar[s]), 1);                        // producer's arrive + bytes
-      mbar_init(smem_u32(&empty_bar[s]), kConsumerThreads);          // every consumer thread arrives
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring<S>(full_bar, empty_bar);
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one thread of one warp fills the ring, the other warps only give their
