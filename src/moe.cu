@@ -42,8 +42,9 @@
 // its own weight records: the permutation costs nothing where the rows are written anyway. The gathered X
 // lives where the down GEMM's output goes (it is dead by then). On devices without wgmma (or forced) the FP4
 // GEMMs are the mma.sync prefill kernel's grouped mode (prefill_gemm_sm80.cuh), which reads X and the
-// activations in natural order; BF16 experts take the same path with their own grouped mma.sync GEMM
-// (moe_bf16_mma.cuh) on every device, past one GEMV pass and at >= 8 rows per expert (choose_tensor_core).
+// activations in natural order; BF16 experts take the same path (X in natural order) with their own grouped
+// GEMM: wgmma on sm_90a at every T (moe_bf16_wgmma.cuh), mma.sync elsewhere (moe_bf16_mma.cuh) past one GEMV
+// pass and at >= 8 rows per expert (choose_tensor_core).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -372,12 +373,17 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
     *tc = true;
+  } else if (!fp4 && wgmma) {
+    // BF16 experts where their wgmma kernel runs: the tensor cores at every T. Both paths forced on five
+    // models (docs/moe-notes.md): the wgmma kernel took 0.50-0.95x the GEMV's time at every point of T = 2-64
+    // (gpt-oss-120b T = 2 114.6 against 134.6 us), and at T = 1 (see there).
+    *tc = true;
   } else if (!fp4) {
-    // BF16 experts: the tensor cores past one pass of the GEMV (which re-reads every touched expert's weights
-    // per 64 tokens) and where experts average 8 or more rows of the pass. Measured, both paths on five
-    // models at T = 1-64 (docs/moe-notes.md): 8-16 rows per expert 16-41% faster on the tensor cores
-    // (gpt-oss-20b, Mixtral at T = 64); with the GEMV's split tiles the GEMV is 2-26% faster at T = 1-4
-    // (gpt-oss-120b, Qwen3-30B-A3B, Mixtral-8x7B).
+    // BF16 experts elsewhere (mma.sync): the tensor cores past one pass of the GEMV (which re-reads every
+    // touched expert's weights per 64 tokens) and where experts average 8 or more rows of the pass.
+    // Measured, both paths on five models at T = 1-64 (docs/moe-notes.md): 8-16 rows per expert 16-41% faster
+    // on the tensor cores (gpt-oss-20b, Mixtral at T = 64); with the GEMV's split tiles the GEMV is 2-26%
+    // faster at T = 1-4 (gpt-oss-120b, Qwen3-30B-A3B, Mixtral-8x7B).
     const int pairs = int(std::min(a.tokens, kMoEBF16PassTokens)) * a.top_k;
     const int avg_rows = pairs / std::min(a.num_experts, pairs);
     *tc = a.tokens > kMoEBF16PassTokens || avg_rows >= 8;
@@ -428,7 +434,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
                                       "tensor-core path here runs the mma.sync kernel: 0, 64 or 128"
                                     : "token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path "
                                       "here runs the mma.sync kernel: 0, 64 or 128");
-    const int bn = a.token_tile ? a.token_tile : avg >= 192 && wide_tiles ? 256 : avg >= 96 ? 128 : 64;
+    // BF16 experts' wgmma kernel (no dequantisation: a tile's fixed part is its weight stream, not the
+    // dequantising of it): 128-token tiles from 48 rows per expert. Every tile forced on five models at T =
+    // 512-8192 (docs/moe-notes.md): at 64 rows 128-token tiles 13% faster than 64 (gpt-oss-120b and DeepSeek-V3
+    // at T = 2048, gpt-oss-20b at T = 512); 64 ahead at 16-32 rows; 256 ahead from 256 rows.
+    const int mid = p.bf16_wgmma ? 48 : 96;
+    const int bn = a.token_tile ? a.token_tile : avg >= 192 && wide_tiles ? 256 : avg >= mid ? 128 : 64;
     if (p.bf16) {
       FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, p.bf16_wgmma, &p.tgu));
       FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, p.bf16_wgmma, &p.tdn));

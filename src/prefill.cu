@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -404,30 +403,19 @@ Status plan_prefill_grouped(Format f, DType act, int64_t n, int64_t k, const Ker
 // take 96 KB of shared memory, which every sm_80+ device has per block. gpt-oss-120b at T = 8192 (H200,
 // docs/moe-notes.md): 128-token tiles two per SM 6.4 ms, one per SM 7.2 ms, 256-token tiles one per SM 6.7
 // ms; 64-token tiles two per SM 1-3% slower than one. wgmma (moe_bf16_wgmma.cuh): one CTA per SM.
-// CTAs per SM of the BF16 wgmma kernel at bn-token tiles: FP4KIT_MOE_BF16_WGMMA_BLOCKS=1 or 2 (an A/B
-// switch; 2 only at 64 and 128), else 1.
-static int bf16_wgmma_blocks(int bn) {
-  static const int env = [] {
-    const char* v = std::getenv("FP4KIT_MOE_BF16_WGMMA_BLOCKS");
-    return v && std::string(v) == "2" ? 2 : 1;
-  }();
-  return bn <= 128 ? env : 1;
-}
-
 Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefillPlan* out) {
   namespace bm = kernels::bf16mma;
   namespace bw = kernels::bf16wgmma;
   GroupedPrefillPlan p;
   if (wgmma) {
-    const int blocks = bf16_wgmma_blocks(bn);
-    if (bn == 64 && blocks == 2) p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<64, 2>), p.smem_bytes = bw::Geometry<64, 2>::kSmem;
-    else if (bn == 64) p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<64>), p.smem_bytes = bw::Geometry<64>::kSmem;
-    else if (bn == 128 && blocks == 2) p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<128, 2>), p.smem_bytes = bw::Geometry<128, 2>::kSmem;
-    else if (bn == 128) p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<128>), p.smem_bytes = bw::Geometry<128>::kSmem;
-    else if (bn == 256) p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<256>), p.smem_bytes = bw::Geometry<256>::kSmem;
-    else return Status(Code::kInternal, "fused_moe: BF16 experts' wgmma kernel has no " + std::to_string(bn) + "-token tile");
+    switch (bn) {
+      case 64: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<64>), p.smem_bytes = bw::Geometry<64>::kSmem; break;
+      case 128: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<128>), p.smem_bytes = bw::Geometry<128>::kSmem; break;
+      case 256: p.kernel = reinterpret_cast<const void*>(&bw::moe_bf16_wgmma_kernel<256>), p.smem_bytes = bw::Geometry<256>::kSmem; break;
+      default: return Status(Code::kInternal, "fused_moe: BF16 experts' wgmma kernel has no " + std::to_string(bn) + "-token tile");
+    }
     FP4KIT_RETURN_IF_ERROR(check_image(p.kernel));
-    p.threads = bw::threads_for(blocks);
+    p.threads = bw::kThreads;
     p.bf16_wgmma = true;
   } else {
     if (bn != 64 && bn != 128)

@@ -24,8 +24,8 @@
 //     FP4 experts with FP16 activations: the dequantisation is the dense FP16 GEMM's (gemm.h; MXFP4 block
 //     scales applied in fp32 before the cast, see README for blocks far below their row's largest).
 //     BF16 experts run through a grouped BF16 x BF16 tensor-core GEMV (1-8 warps per 16 weight rows, each
-//     a contiguous part of K, summed in a fixed order; fp32 accumulation), driven by the same device-side
-//     schedule as the FP4 path.
+//     a contiguous part of K, summed in a fixed order; fp32 accumulation) or a grouped tensor-core GEMM
+//     (below), driven by the same device-side schedule as the FP4 path.
 //   - The h and a intermediates are rounded to `act` (as an unfused layer of that dtype would); o_tj is
 //     rounded to `act` before the fp32 weighted sum.
 //   - FP16 range (|v| <= 65504; BF16 has fp32's range): h and a stay FP16 and saturate instead of
@@ -51,9 +51,10 @@
 //                    run through the grouped prefill GEMM (wgmma), passes of up to kMoETensorCorePassTokens
 //                    tokens; for large T (compute-bound). Forcing it elsewhere gives kNotSupported.
 //     BF16 experts: the grouped GEMV (passes of kMoEBF16PassTokens tokens, each touched expert's weights
-//     streamed once per pass), or the tensor-core path with a grouped BF16 mma.sync GEMM (any sm_80+
-//     device; 64- and 128-token tiles; passes of up to kMoETensorCorePassTokens tokens): kAuto takes the
-//     latter past one GEMV pass and where experts average 8 or more rows (measured faster there).
+//     streamed once per pass), or the tensor-core path (passes of up to kMoETensorCorePassTokens tokens)
+//     with a grouped BF16 GEMM: wgmma on sm_90a (64-, 128- and 256-token tiles), mma.sync on other sm_80+
+//     devices (64 and 128). kAuto takes the tensor-core path at every T where the wgmma kernel runs; with
+//     mma.sync past one GEMV pass and where experts average 8 or more rows (measured faster there).
 //   - workspace: moe_workspace_bytes() bytes of device scratch, 16-byte aligned; no initialisation needed
 //     (the call clears what it relies on). One workspace per stream. It grows with min(T, pass tokens):
 //     on the tensor-core path up to ~0.8 GB for gpt-oss-120b and ~1.7 GB for DeepSeek-V3 (8192-token
@@ -102,12 +103,12 @@ enum class MoEPath : int {
                     // would need 16-token or wider tiles (experts averaging about 3.3 or more rows of the
                     // pass) and the wgmma kernel runs (sm_90a); where the tensor-core path is mma.sync,
                     // only from the widest (64-token) tiles and T >= kMoETensorCoreMinTokens; else
-                    // decode. BF16 experts: tensor core where T > kMoEBF16PassTokens or experts average
-                    // >= 8 rows of the pass
+                    // decode. BF16 experts: tensor core where their wgmma kernel runs (sm_90a),
+                    // elsewhere where T > kMoEBF16PassTokens or experts average >= 8 rows of the pass
   kDecode = 1,      // the grouped decode GEMM, or BF16 experts' GEMV (any device)
   kTensorCore = 2,  // the grouped tensor-core GEMM: FP4 experts wgmma on sm_90a, mma.sync on other sm_80+
-                    // devices (64- and 128-token tiles there); BF16 experts mma.sync on every device (64-
-                    // and 128-token tiles)
+                    // devices (64- and 128-token tiles there); BF16 experts wgmma on sm_90a, mma.sync on
+                    // other sm_80+ devices (64- and 128-token tiles there)
 };
 constexpr int64_t kMoETensorCoreMinTokens = 64;
 constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
@@ -150,7 +151,7 @@ Status moe_validate(const MoEArgs& a);
 Status moe_workspace_bytes(const MoEArgs& a, size_t* bytes);
 Status fused_moe(const MoEArgs& a, cudaStream_t stream);
 // The path fused_moe() takes for these shapes and a.path on the current device: kDecode or kTensorCore
-// (BF16 experts: kDecode, their grouped GEMV).
+// (BF16 experts: kDecode is their grouped GEMV).
 Status moe_path(const MoEArgs& a, MoEPath* path);
 
 }  // namespace fp4kit

@@ -25,6 +25,9 @@
 //   - Stage = 64 K: W [128 rows][128 B] (16 KB) then X [BN tokens][128 B], each a 128-byte swizzled box, so
 //     one descriptor form serves both operands (K-major, 8-row groups 1024 B apart) and a k16 step is +32 B.
 //     Warpgroup w's 64 rows start 8 KB into the W box (1024-aligned).
+//   - One CTA per SM. Two (BN = 64 and 128, a producer warp instead of a warpgroup for ptxas's register budget)
+//     measured 2.6% faster at 64-token tiles and 2.5% slower at 128 (geometric means, five models, T = 512 -
+//     8192; docs/moe-notes.md), and no faster where the plan takes 64-token tiles.
 //   - An expert's last tile often holds few rows: at most BN / 4 (BN / 2) of them run m64n(BN/4)
 //     (m64n(BN/2)) wgmmas on the accumulators' prefix and load only that many X rows (layout::tile_width,
 //     as the FP4 grouped kernel does); the weights' box is the same.
@@ -41,25 +44,18 @@ using prefill::CtaOperands;
 using prefill::NarrowX;
 using prefill::PrefillParams;
 
-// Threads per CTA: two consumer warpgroups and a producer warpgroup whose registers setmaxnreg hands to the
-// consumers (one CTA per SM: 232 each, for BN = 256's 128 accumulators); at two CTAs per SM a producer warp
-// only, no setmaxnreg: ptxas compiles for the launch bound's share, 65536 / (2 x 288) -> 112 registers,
-// which BN = 128's 64 accumulators need (with a whole producer warpgroup the share is 80).
-constexpr int threads_for(int blocks) { return blocks == 1 ? prefill::kThreads : prefill::kConsumerThreads + 32; }
-constexpr int kThreads = threads_for(1);
+constexpr int kThreads = prefill::kThreads;  // two consumer warpgroups + the producer warpgroup
 constexpr int kConsumerThreads = prefill::kConsumerThreads;
 constexpr int kRows = prefill::kRowsPerCta;  // 128 weight rows per CTA
 constexpr int kStageK = 64;
 constexpr int kWBytes = kRows * 128;  // a stage's weights: 16 KB, a multiple of 1024 (X's box follows)
 
-// kBlocks CTAs per SM share its ~227 KB of shared memory (and the register file: prefill::Regs).
-template <int BN, int kBlocks = 1> struct Geometry {
+template <int BN> struct Geometry {
   static_assert(BN == 64 || BN == 128 || BN == 256, "token tile");
-  static_assert(kBlocks == 1 || (kBlocks == 2 && BN <= 128), "two CTAs per SM: BN <= 128 (registers)");
   static constexpr int kX = BN * 128;
   static constexpr int kStage = kWBytes + kX;
-  static constexpr int kFit = (kBlocks == 1 ? 220 * 1024 : 108 * 1024) / kStage;
-  static constexpr int kStages = kFit > 8 ? 8 : kFit;   // one CTA: 8 / 6 / 4 at BN = 64 / 128 / 256; two: 4 / 3
+  static constexpr int kFit = 220 * 1024 / kStage;
+  static constexpr int kStages = kFit > 8 ? 8 : kFit;   // 8 / 6 / 4 at BN = 64 / 128 / 256
   static constexpr int kSmem = kStages * kStage + 1024;  // + slack to align the ring to 1024 B
   static constexpr int kAcc = BN / 2;
   static constexpr int kPitch = kRows * 2 + 16;          // epilogue: bytes per token (+16: banks)
@@ -75,13 +71,13 @@ __device__ __forceinline__ void tma_load_w(uint32_t dst, const CUtensorMap* map,
       : "memory");
 }
 
-template <int BN, int kBlocks = 1>
-__global__ void __launch_bounds__(threads_for(kBlocks), kBlocks)
+template <int BN>
+__global__ void __launch_bounds__(kThreads, 1)
     moe_bf16_wgmma_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ NarrowX narrow,
                           const __grid_constant__ CUtensorMap tmap_w, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace prefill;
-  using G = Geometry<BN, kBlocks>;
+  using G = Geometry<BN>;
   using T = __nv_bfloat16;
   constexpr int S = G::kStages;
   extern __shared__ uint8_t bf16w_smem[];
@@ -101,7 +97,7 @@ __global__ void __launch_bounds__(threads_for(kBlocks), kBlocks)
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one thread fills the ring; the other warps give their registers back.
-    if constexpr (kBlocks == 1) setmaxnreg_dec<Regs<1>::kProducer>();
+    setmaxnreg_dec<Regs<1>::kProducer>();
     if (warp != 4 * kConsumerWarpgroups) return;
     const CUtensorMap* map = width == BN ? &tmap_x : width == BN / 2 ? &narrow.half : &narrow.quarter;
     if (lane == 0) {
@@ -122,7 +118,7 @@ __global__ void __launch_bounds__(threads_for(kBlocks), kBlocks)
   }
 
   // ---- consumer warpgroups: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of the CTA's 128.
-  if constexpr (kBlocks == 1) setmaxnreg_inc<Regs<1>::kConsumer>();
+  setmaxnreg_inc<Regs<1>::kConsumer>();
   const int wg = warp >> 2;
   float acc[G::kAcc];
 #pragma unroll
