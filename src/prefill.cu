@@ -261,21 +261,38 @@ static pk::PrefillParams shape_params(const PackedLayout& l, int64_t m, int row_
   return p;
 }
 
-// X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, `bn` tokens} with the
-// 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past k, past rows) read as zero.
-Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map) {
+// One cuTensorMapEncodeTiled call: unit element strides, no interleave, 256-byte L2 promotion, zero fill
+// out of bounds; `what` names the tensor in the error.
+static Status encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, const void* base,
+                           const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                           CUtensorMapSwizzle swizzle, const char* what) {
   EncodeTiledFn encode = nullptr;
   FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status(Code::kCudaError, std::string(what) + ": cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
+// X as a TMA tensor: {k, rows} elements, rows k * 2 bytes apart, boxes of {64 K, `bn` tokens} with the
+// 128-byte swizzle wgmma's descriptor expects; out-of-bounds elements (past k, past rows) read as zero.
+static Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map) {
   const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
   const cuuint32_t box[2] = {64, cuuint32_t(bn)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, act == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return Status(Code::kCudaError, "prefill: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
-  return Status::Ok();
+  return encode_tiled(map, act == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x,
+                      dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "prefill (X)");
+}
+// The three maps of a grouped launch's X: boxes of a whole, a half and a quarter tile (narrow tiles load
+// only theirs).
+static Status x_tensor_maps(const void* x, int64_t k, int64_t rows, DType act, int bn, CUtensorMap* map,
+                            pk::NarrowX* narrow) {
+  FP4KIT_RETURN_IF_ERROR(x_tensor_map(x, k, rows, act, bn, map));
+  FP4KIT_RETURN_IF_ERROR(x_tensor_map(x, k, rows, act, bn / 2, &narrow->half));
+  return x_tensor_map(x, k, rows, act, bn / 4, &narrow->quarter);
 }
 
 // The prepacked weight records as a TMA tensor of bytes {256, 2 k_chunks, row_tiles, experts}: 256-byte
@@ -283,19 +300,12 @@ Status x_tensor_map(const void* x, int64_t k, int64_t rows, DType act, int bn, C
 // {256, 4, 8, 1}, one stage's records of a CTA's 8 row tiles, landing as [row tile][1 KB] as the kernel
 // reads them. Pieces past the chunks and row tiles past the matrix read as zero.
 static Status w_tensor_map(const void* weights, const PackedLayout& l, int experts, size_t stride, CUtensorMap* map) {
-  EncodeTiledFn encode = nullptr;
-  FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
   const cuuint64_t row_tile_bytes = cuuint64_t(l.k_chunks) * 512;
   const cuuint64_t dims[4] = {256, cuuint64_t(2 * l.k_chunks), cuuint64_t(l.row_tiles), cuuint64_t(experts)};
   const cuuint64_t strides[3] = {256, row_tile_bytes, experts > 1 ? cuuint64_t(stride) : row_tile_bytes * l.row_tiles};
   const cuuint32_t box[4] = {256, 2 * pk::kStageChunks, pk::kRowTilesPerCta, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(weights), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status(Code::kCudaError, "prefill: cuTensorMapEncodeTiled (weights) failed (" + std::to_string(int(r)) + ")");
-  return Status::Ok();
+  return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, weights, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE,
+                      "prefill (weights)");
 }
 
 // The weight, bias and split-K workspace fields of a dense launch (either kernel).
@@ -443,18 +453,11 @@ Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefil
 // The experts' BF16 weights as a TMA tensor {k, n, experts} (rows k * 2 bytes apart, experts `stride`
 // bytes apart), boxes of {64 K, 128 rows, 1 expert} with the 128-byte swizzle; past k and n read as zero.
 static Status bf16_w_tensor_map(const void* base, int64_t n, int64_t k, int experts, size_t stride, CUtensorMap* map) {
-  EncodeTiledFn encode = nullptr;
-  FP4KIT_RETURN_IF_ERROR(encode_fn(&encode));
   const cuuint64_t dims[3] = {cuuint64_t(k), cuuint64_t(n), cuuint64_t(experts)};
   const cuuint64_t strides[2] = {cuuint64_t(k) * 2, cuuint64_t(experts > 1 ? stride : size_t(n * k * 2))};
   const cuuint32_t box[3] = {uint32_t(kernels::bf16wgmma::kStageK), uint32_t(kernels::bf16wgmma::kRows), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status(Code::kCudaError, "fused_moe: cuTensorMapEncodeTiled (BF16 experts) failed (" + std::to_string(int(r)) + ")");
-  return Status::Ok();
+  return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                      "fused_moe (BF16 experts)");
 }
 
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream) {
@@ -465,12 +468,10 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   if (plan.bf16_wgmma) {
-    // Natural order, rows k long; both operands by TMA (boxes of a whole, a half and a quarter tile of X).
+    // Natural order, rows k long; both operands by TMA.
     CUtensorMap map, wmap;
     pk::NarrowX narrow;
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn, &map));
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn / 2, &narrow.half));
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k, a.rows, a.act, plan.bn / 4, &narrow.quarter));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_maps(a.x, l.k, a.rows, a.act, plan.bn, &map, &narrow));
     FP4KIT_RETURN_IF_ERROR(bf16_w_tensor_map(a.base, l.n, l.k, a.experts, a.stride, &wmap));
     launch_kernel(reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel)), dim3(unsigned(grid)), dim3(plan.threads),
                   size_t(plan.smem_bytes), stream, a.pdl, map, narrow, wmap, p);
@@ -478,12 +479,10 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
     p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
   } else {
-    // Lane order, rows k_pad long; boxes of a whole, a half and a quarter tile (narrow tiles load only theirs).
+    // Lane order, rows k_pad long.
     CUtensorMap map;
     pk::NarrowX narrow;
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn, &map));
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 2, &narrow.half));
-    FP4KIT_RETURN_IF_ERROR(x_tensor_map(a.x, l.k_pad, a.rows, a.act, plan.bn / 4, &narrow.quarter));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_maps(a.x, l.k_pad, a.rows, a.act, plan.bn, &map, &narrow));
     CUtensorMap wmap;
     FP4KIT_RETURN_IF_ERROR(w_tensor_map(static_cast<const uint8_t*>(a.base) + l.weights_offset, l, a.experts, a.stride,
                                         &wmap));
