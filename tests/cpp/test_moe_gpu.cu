@@ -560,8 +560,8 @@ TEST(moe_bf16_tensor_core_matches_reference) {
 }
 
 // Every token tile of the BF16 tensor-core kernels on experts whose rows leave exactly BN / 4 + 1 and BN / 2
-// + 1 (the wgmma kernel's narrow widths), one row after whole tiles, no rows at all, and whole tiles
-// (small: the sanitizer runs it).
+// + 1 (the wgmma kernel's narrow widths), one row after whole tiles, no rows at all, and whole tiles; then
+// one expert alone (small: the sanitizer runs it).
 TEST(moe_bf16_tensor_core_tiles) {
   for_each_tensor_core_kernel([&](bool mma) {
     for (int bn : {64, 128, 256}) {
@@ -579,6 +579,14 @@ TEST(moe_bf16_tensor_core_tiles) {
       c.bias = true;
       check_case(c);
     }
+    Case one;  // a single expert: the weights' tensor map without an expert stride
+    one.bf16 = true;
+    one.path = MoEPath::kTensorCore;
+    one.E = 1;
+    one.top_k = 1;
+    one.T = 70;
+    one.bias = true;
+    check_case(one);
   });
 }
 
