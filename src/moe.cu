@@ -333,9 +333,11 @@ struct MoEPlan {
   int pairs = 0, max_active = 0;
   bool bf16 = false;
   bool tc = false;     // the tensor-core path (FP4 or, with bf16, BF16 experts)
-  bool mma = false;    // ... through an mma.sync kernel (X and activations in natural order), else wgmma
-  bool bf16_wgmma = false;  // BF16 experts on the tensor-core path through moe_bf16_wgmma.cuh (mma is set:
-                            // it reads X in natural order too), else moe_bf16_mma.cuh
+  bool wgmma = false;  // ... through a wgmma kernel (sm_90a; FP4: prefill_gemm_sm90.cuh, BF16 experts:
+                       // moe_bf16_wgmma.cuh), else mma.sync
+  // X and the activations in natural order (mma.sync kernels, and BF16 experts' kernels), else lane order
+  // (the FP4 wgmma kernel).
+  bool natural() const { return tc && (bf16 || !wgmma); }
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
   Bf16Plan bgu, bdn;   // BF16 experts
@@ -363,13 +365,13 @@ bool moe_mma_forced() {
   return g_mma < 0 ? env : g_mma != 0;
 }
 
-// Whether FP4 experts take the tensor-core path (enough tokens, or forced), and through which kernel: wgmma
-// where this build runs it on this device (sm_90a), else mma.sync (any sm_80+ device).
-Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
+// Whether the experts take the tensor-core path (enough tokens, or forced), and through which kernel family:
+// wgmma where this build runs it on this device (sm_90a), else mma.sync (any sm_80+ device).
+Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* wgmma_out) {
   *tc = false;
-  *mma = false;
+  *wgmma_out = false;
   const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
-  const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();  // FP4 experts' tensor-core kernel here
+  const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();  // the tensor-core kernels here
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
     *tc = true;
@@ -400,17 +402,14 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* mma) {
     const bool wide = wgmma ? n_tiles >= 2 : a.tokens >= kMoETensorCoreMinTokens && n_tiles == 8;
     *tc = fp4 && (a.tokens > kMoEDecodePassTokens || wide);
   }
-  *mma = *tc && (!fp4 || !wgmma);  // X in natural order: mma.sync kernels, and BF16 experts' kernels (both)
+  *wgmma_out = *tc && wgmma;
   return Status::Ok();
 }
 
 Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
-  FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.mma));
+  FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.wgmma));
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
-  // BF16 experts' tensor-core kernel: wgmma where this build runs the sm_90a code here (FP4KIT_MOE_MMA=1 forces
-  // mma.sync, as for FP4 experts).
-  p.bf16_wgmma = p.bf16 && p.tc && !moe_mma_forced() && detail::prefill_runs_here();
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
@@ -425,11 +424,10 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // (prefill_gemm_sm90.cuh), but still dequantises all its weights; every extra tile dequantises the
     // expert's weights again (from L2). Forced tiles at 128 and 256 rows per expert
     // (moe_tiles_*_a1ca1c2.json): 128-token tiles win at 128, 256-token tiles at 256 and above.
-    // The mma.sync kernels (FP4 without wgmma, BF16 experts everywhere) have 64- and 128-token tiles; BF16
-    // experts, gpt-oss-120b: 16 rows per expert at T = 512 1.67 ms on 64-token tiles against 2.21 on 128.
+    // The mma.sync kernels have 64- and 128-token tiles; BF16 experts on mma.sync, gpt-oss-120b: 16 rows
+    // per expert at T = 512 1.67 ms on 64-token tiles against 2.21 on 128.
     const int avg = p.pairs / p.max_active;
-    const bool wide_tiles = !p.mma || p.bf16_wgmma;  // the wgmma kernels have 256-token tiles
-    if (!wide_tiles && a.token_tile == 256)
+    if (!p.wgmma && a.token_tile == 256)
       return Status::Invalid(p.bf16 ? "token_tile: 256-token tiles need the wgmma kernel (sm_90a); BF16 experts' "
                                       "tensor-core path here runs the mma.sync kernel: 0, 64 or 128"
                                     : "token_tile: 256-token tiles need the wgmma kernel (sm_90a); the tensor-core path "
@@ -438,13 +436,13 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // dequantising of it): 128-token tiles from 48 rows per expert. Every tile forced on five models at T =
     // 512-8192 (docs/moe-notes.md): at 64 rows 128-token tiles 13% faster than 64 (gpt-oss-120b and DeepSeek-V3
     // at T = 2048, gpt-oss-20b at T = 512); 64 ahead at 16-32 rows; 256 ahead from 256 rows.
-    const int mid = p.bf16_wgmma ? 48 : 96;
-    const int bn = a.token_tile ? a.token_tile : avg >= 192 && wide_tiles ? 256 : avg >= mid ? 128 : 64;
+    const int mid = p.bf16 && p.wgmma ? 48 : 96;
+    const int bn = a.token_tile ? a.token_tile : avg >= 192 && p.wgmma ? 256 : avg >= mid ? 128 : 64;
     if (p.bf16) {
-      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, p.bf16_wgmma, &p.tgu));
-      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, p.bf16_wgmma, &p.tdn));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.gate_up.n, a.gate_up.k, bn, p.wgmma, &p.tgu));
+      FP4KIT_RETURN_IF_ERROR(detail::plan_grouped_bf16(a.down.n, a.down.k, bn, p.wgmma, &p.tdn));
     } else {
-      const KernelConfig& cfg = kKernelConfigs[p.mma ? mma_index(bn / 8) : prefill_index(bn / 8)];
+      const KernelConfig& cfg = kKernelConfigs[p.wgmma ? prefill_index(bn / 8) : mma_index(bn / 8)];
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.gate_up.format, a.act, a.gate_up.n, a.gate_up.k, cfg, &p.tgu));
       FP4KIT_RETURN_IF_ERROR(detail::plan_prefill_grouped(a.down.format, a.act, a.down.n, a.down.k, cfg, &p.tdn));
     }
@@ -487,8 +485,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
   // Tensor-core path: the activations (down's X) and the gathered X (in o, dead until down writes it) are
   // rows of k_pad in lane order (wgmma), or rows of I and H in natural order (mma.sync).
-  p.a_len = p.tc && !p.mma ? p.tdn.layout.k_pad : a.inter;
-  p.x_len = !p.tc ? 0 : p.mma ? a.hidden : p.tgu.layout.k_pad;
+  p.a_len = p.tc && !p.natural() ? p.tdn.layout.k_pad : a.inter;
+  p.x_len = !p.tc ? 0 : p.natural() ? a.hidden : p.tgu.layout.k_pad;
   p.a_off = off;
   off = align256(off + size_t(p.pairs) * p.a_len * eb);
   p.o_off = off;
@@ -660,7 +658,7 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel) {
   if (!kernel) return Status::Invalid("kernel: must not be null");
   MoEPlan plan;
   FP4KIT_RETURN_IF_ERROR(check_shapes_and_plan(a, &plan));
-  *kernel = plan.tc ? (plan.bf16 ? (plan.bf16_wgmma ? "bf16 wgmma" : "bf16 mma.sync") : plan.mma ? "mma.sync" : "wgmma")
+  *kernel = plan.tc ? (plan.bf16 ? (plan.wgmma ? "bf16 wgmma" : "bf16 mma.sync") : plan.wgmma ? "wgmma" : "mma.sync")
                     : plan.bf16 ? "bf16 gemv" : "decode";
   return Status::Ok();
 }
@@ -763,7 +761,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   };
   const bool f16 = a.act == DType::kF16;
   const int64_t eb = dtype_bytes(a.act);
-  const bool lane_act = plan.tc && !plan.mma;  // activations in lane order: the wgmma down GEMM's X
+  const bool lane_act = plan.tc && !plan.natural();  // activations in lane order: the FP4 wgmma down GEMM's X
   auto launch_activation = [&](int pairs) {
     const int* n_rows = b.offset + E;
     const int inter = int(a.inter), len = int(plan.a_len);
@@ -846,7 +844,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
       // dead until then).
       detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
-                                plan.sms, stream, plan.pdl, /*natural=*/plan.mma);
+                                plan.sms, stream, plan.pdl, /*natural=*/plan.natural());
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
       launch_activation(pairs);
       FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));

@@ -428,6 +428,7 @@ Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefil
     p.threads = bw::kThreads;
     p.bf16_wgmma = true;
   } else {
+    p.mma = true;
     if (bn != 64 && bn != 128)
       return Status(Code::kInternal, "fused_moe: BF16 experts' mma.sync kernel has no " + std::to_string(bn) + "-token tile");
     const bool wide = bn == 128;
@@ -436,7 +437,6 @@ Status plan_grouped_bf16(int64_t n, int64_t k, int bn, bool wgmma, GroupedPrefil
     p.threads = bm::kThreads;
     p.smem_bytes = wide ? bm::Geometry<128, 3>::kSmem : bm::Geometry<64, 4>::kSmem;
   }
-  p.mma = true;
   p.bn = bn;
   p.row_blocks = int((n + bm::kRows - 1) / bm::kRows);
   p.layout.n = n;
@@ -476,7 +476,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
     launch_kernel(reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel)), dim3(unsigned(grid)), dim3(plan.threads),
                   size_t(plan.smem_bytes), stream, a.pdl, map, narrow, wmap, p);
   } else if (plan.mma) {
-    p.x = a.x;  // natural order, rows k long (the FP4 mma.sync kernel and the BF16 experts' kernel)
+    p.x = a.x;  // natural order, rows k long (the FP4 and the BF16 experts' mma.sync kernels)
     reinterpret_cast<MmaFn>(const_cast<void*>(plan.kernel))<<<unsigned(grid), plan.threads, plan.smem_bytes, stream>>>(p);
   } else {
     // Lane order, rows k_pad long.

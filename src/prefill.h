@@ -29,9 +29,9 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
 // The grouped (MoE) prefill GEMM: every expert's product over its contiguous rows of X in one launch.
 struct GroupedPrefillPlan {
   const void* kernel = nullptr;
-  bool mma = false;  // X in natural order, rows k long (an mma.sync kernel, or BF16 experts' wgmma kernel),
-                     // else the FP4 wgmma kernel (lane order, k_pad)
-  bool bf16_wgmma = false;  // BF16 experts' wgmma kernel (kernels/moe_bf16_wgmma.cuh; mma is set too)
+  bool mma = false;         // an mma.sync kernel (X in natural order, rows k long)
+  bool bf16_wgmma = false;  // BF16 experts' wgmma kernel (X in natural order, rows k long)
+                            // neither: the FP4 wgmma kernel (X in lane order, rows k_pad long)
   int threads = 0, smem_bytes = 0, bn = 0;
   int row_blocks = 0;  // of 128 weight rows
   int sms = 0;          // of the device
