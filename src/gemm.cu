@@ -50,6 +50,11 @@ struct DeviceFacts {
   int sms = 0, major = 0, minor = 0;
   int smem_optin = 0;  // shared memory per block with opt-in, bytes
   std::string name;    // for tuning-table lookups
+  // The compute capability dispatch reads the table with: major, except 8 on a Hopper device whose image
+  // of this build is compute_80 code JIT-compiled (the sm_90-only code compiled out: the wgmma prefill
+  // kernel; the decode kernel's cluster reduction, without which each CTA of a cluster would run its row
+  // group's whole K), which then runs what an sm_80-89 device would run.
+  int dispatch_major = 0;
 };
 std::mutex g_mu;
 std::vector<DeviceFacts> g_devices;
@@ -78,6 +83,7 @@ Status device_facts(int* dev, DeviceFacts* out) {
     g_devices[*dev].minor = prop.minor;
     g_devices[*dev].smem_optin = int(prop.sharedMemPerBlockOptin);
     g_devices[*dev].name = prop.name;
+    g_devices[*dev].dispatch_major = prop.major == 9 && !detail::prefill_runs_here() ? 8 : prop.major;
   }
   *out = g_devices[*dev];
   return Status::Ok();
@@ -140,12 +146,8 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   if (facts.major < 8)
     return Status::Unsupported("device: fp4kit needs compute capability >= 8.0 (got " + std::to_string(facts.major) +
                                "." + std::to_string(facts.minor) + ")");
-  // A build whose image for this Hopper device is compute_80 code JIT-compiled has the sm_90-only code
-  // compiled out (the wgmma prefill kernel; the decode kernel's cluster reduction, without which each CTA
-  // of a cluster would run its row group's whole K): dispatch picks what an sm_80-89 device would run.
-  const int dispatch_major = facts.major == 9 && !prefill_runs_here() ? 8 : facts.major;
   int id = config >= 0 ? config
-                       : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, dispatch_major, facts.sms);
+                       : dispatch_config(w.format, act, m, w.n, w.k, facts.name, nullptr, facts.dispatch_major, facts.sms);
   const KernelConfig* cfg = find_config(id);
   if (!cfg) return Status::Invalid("config: " + std::to_string(config) + " is not in the kernel config table");
   if (config < 0 && cfg->pipeline == kMma && mma_prefill_smem(*cfg) > facts.smem_optin) {
