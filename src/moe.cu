@@ -28,7 +28,9 @@
 // (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there; a call
 // of one pass of at most 32 tokens whose align is one CTA routes inside that CTA instead
 // (kernels/moe_route_align.cuh: the same ids and weights, one launch fewer).
-// Activations BF16 or FP16 (T): every kernel above is instantiated for both; BF16 experts take BF16 only.
+// Activations BF16 or FP16 (T): every kernel above is instantiated for both. BF16 experts with FP16
+// activations (MoEPlan::split_x) take the tensor-core path with X gathered as two BF16 terms, BF16
+// intermediates and an FP16 combine.
 // The kernels of steps 1, 3 and 5 are in kernels/moe_align.cuh and kernels/moe_elementwise.cuh; the
 // GEMMs in decode_gemm.cuh, moe_bf16_gemm.cuh, moe_bf16_mma.cuh and prefill_gemm_sm{90,80}.cuh.
 //
@@ -338,6 +340,9 @@ struct MoEPlan {
   // X and the activations in natural order (mma.sync kernels, and BF16 experts' kernels), else lane order
   // (the FP4 wgmma kernel).
   bool natural() const { return tc && (bf16 || !wgmma); }
+  // BF16 experts with FP16 activations: gate_up reads each x as two BF16 terms (hi + lo, exact; the gather
+  // writes them, prefill::PrefillParams::x_split), the intermediates are BF16, and the combine writes FP16.
+  bool split_x = false;
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
   Bf16Plan bgu, bdn;   // BF16 experts
@@ -372,6 +377,15 @@ Status choose_tensor_core(const MoEArgs& a, bool* tc, bool* wgmma_out) {
   *wgmma_out = false;
   const bool fp4 = a.gate_up.kind == ExpertKind::kFP4;
   const bool wgmma = !moe_mma_forced() && detail::prefill_runs_here();  // the tensor-core kernels here
+  if (!fp4 && a.act == DType::kF16) {
+    // BF16 experts with FP16 activations: the tensor-core kernels' split X (the GEMV reads BF16 X only).
+    if (a.path == MoEPath::kDecode)
+      return Status::Invalid("path: BF16 experts with float16 activations run on the tensor-core path only "
+                             "(MoEPath::kAuto or kTensorCore; got kDecode)");
+    *tc = true;
+    *wgmma_out = wgmma;
+    return Status::Ok();
+  }
   if (a.path == MoEPath::kDecode) return Status::Ok();
   if (a.path == MoEPath::kTensorCore) {
     *tc = true;
@@ -410,6 +424,7 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
   FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.wgmma));
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
+  p.split_x = p.bf16 && a.act == DType::kF16;
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
@@ -481,12 +496,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.ints_off = off;
   off = align256(off + ints * sizeof(int));
   p.h_off = off;
-  const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o are of the activation dtype
+  const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o: 16-bit (the activation dtype; BF16 experts: BF16)
   off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
   // Tensor-core path: the activations (down's X) and the gathered X (in o, dead until down writes it) are
   // rows of k_pad in lane order (wgmma), or rows of I and H in natural order (mma.sync).
   p.a_len = p.tc && !p.natural() ? p.tdn.layout.k_pad : a.inter;
-  p.x_len = !p.tc ? 0 : p.natural() ? a.hidden : p.tgu.layout.k_pad;
+  p.x_len = !p.tc ? 0 : p.split_x ? 2 * detail::split_x_len(a.hidden) : p.natural() ? a.hidden : p.tgu.layout.k_pad;
   p.a_off = off;
   off = align256(off + size_t(p.pairs) * p.a_len * eb);
   p.o_off = off;
@@ -579,8 +594,6 @@ Status check_shapes_and_plan(const MoEArgs& a, MoEPlan* plan) {
                            str(a.inter) + ")");
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.gate_up, "gate_up", 2 * a.inter, a.hidden, a.gate_up));
   FP4KIT_RETURN_IF_ERROR(check_expert_shape(a.down, "down", a.hidden, a.inter, a.gate_up));
-  if (bf16_kind(a.gate_up) && a.act != DType::kBF16)
-    return Status::Invalid(std::string("act: BF16 experts take bfloat16 activations (got ") + dtype_name(a.act) + ")");
   if (a.activation != MoEActivation::kSiluAndMul && a.activation != MoEActivation::kSwigluOAI)
     return Status::Invalid("activation: must be silu_and_mul or swiglu_oai");
   if (a.layout != GateUpLayout::kConcatenated && a.layout != GateUpLayout::kInterleaved)
@@ -759,7 +772,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   auto ew_grid = [&](int64_t max_rows, int64_t row_len) {
     return detail::row_vector_grid(max_rows, row_len / 8, plan.sms);
   };
-  const bool f16 = a.act == DType::kF16;
+  // FP16 activations and intermediates (FP4 experts), or BF16 intermediates (BF16 experts; with FP16
+  // activations, plan.split_x: the gather reads FP16 X and the combine writes FP16 Y).
+  const bool f16 = a.act == DType::kF16 && !plan.split_x;
   const int64_t eb = dtype_bytes(a.act);
   const bool lane_act = plan.tc && !plan.natural();  // activations in lane order: the FP4 wgmma down GEMM's X
   auto launch_activation = [&](int pairs) {
@@ -783,6 +798,10 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     if (f16)
       detail::launch_kernel(&moe_combine_kernel<__half>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __half*>(o), rop, w, tokens, a.top_k, hidden, static_cast<__half*>(y));
+    else if (plan.split_x)
+      detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16, __half>, grid, dim3(kRowVectorThreads), 0, stream,
+                            plan.pdl, static_cast<const __nv_bfloat16*>(o), rop, w, tokens, a.top_k, hidden,
+                            static_cast<__half*>(y));
     else
       detail::launch_kernel(&moe_combine_kernel<__nv_bfloat16>, grid, dim3(kRowVectorThreads), 0, stream, plan.pdl,
                             static_cast<const __nv_bfloat16*>(o), rop, w, tokens, a.top_k, hidden,
@@ -791,7 +810,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
 
   // Tensor-core path: one grouped prefill GEMM over the pass's `rows` sorted rows.
   auto launch_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
-                       void* y) {
+                       void* y, bool x_split) {
     detail::GroupedPrefillArgs g;
     g.x = x;
     g.y = y;
@@ -804,8 +823,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.base = w.data;
     g.stride = w.stride;
     g.bias = w.bias;
-    g.act = a.act;
+    g.act = plan.bf16 ? DType::kBF16 : a.act;
     g.pdl = plan.pdl;
+    g.x_split = x_split;
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
@@ -843,11 +863,14 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     if (plan.tc) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
       // dead until then).
-      detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
-                                plan.sms, stream, plan.pdl, /*natural=*/plan.natural());
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h));
+      if (plan.split_x)
+        detail::launch_split_rows(x, b.token_of_row, b.offset + E, pairs, a.hidden, o, plan.sms, stream, plan.pdl);
+      else
+        detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
+                                  plan.sms, stream, plan.pdl, /*natural=*/plan.natural());
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x));
       launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false));
       launch_combine(t0, tokens, y);
       continue;
     }

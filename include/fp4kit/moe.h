@@ -7,7 +7,7 @@
 //   Y[t] = sum_j w * o_tj  (fp32, slots in order j = 0..top_k-1), cast to the activation dtype.
 //
 // Contract:
-//   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16 or kF16; BF16 experts: kBF16 only), 16-byte
+//   - x [T, H] and y [T, H] row-major, dtype `act` (kBF16 or kF16), 16-byte
 //     aligned; topk_ids int32 [T, top_k] and topk_weights float32 [T, top_k], device memory.
 //   - Or routing from router logits [T, E] (MoEArgs::routing, fp4kit/routing.h: softmax top-k, or
 //     DeepSeek-V3's sigmoid grouped top-k): topk_ids and topk_weights then stay null, the layer routes
@@ -20,14 +20,20 @@
 //       kBF16: each expert's matrix plain row-major [n, k] BF16 (as checkpoints ship it, no prepack),
 //              stored `stride` bytes apart from `data` (16-byte aligned; stride a multiple of 16, at least
 //              n * k * 2: a contiguous [E, n, k] tensor has stride n * k * 2). `format` is ignored.
-//     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act`.
+//     gate_up: n = 2 * I, k = H; down: n = H, k = I. Biases optional: [E, n] of dtype `act` (BF16 experts:
+//     bfloat16 whatever `act`).
 //     FP4 experts with FP16 activations: the dequantisation is the dense FP16 GEMM's (gemm.h; MXFP4 block
 //     scales applied in fp32 before the cast, see README for blocks far below their row's largest).
 //     BF16 experts run through a grouped BF16 x BF16 tensor-core GEMV (1-8 warps per 16 weight rows, each
 //     a contiguous part of K, summed in a fixed order; fp32 accumulation) or a grouped tensor-core GEMM
 //     (below), driven by the same device-side schedule as the FP4 path.
+//     BF16 experts with FP16 activations: the tensor-core path only (kAuto takes it at every T; kDecode is
+//     rejected). The gather writes each x as two BF16 terms, hi (x rounded to BF16) and lo = x - hi, which
+//     is exact, and gate_up multiplies both: x is used as it is, at twice gate_up's tensor work and the
+//     same weight traffic. h, a and o_tj are BF16 (the FP16 range rule below does not apply); Y is rounded
+//     to FP16 (+-inf past its range).
 //   - The h and a intermediates are rounded to `act` (as an unfused layer of that dtype would); o_tj is
-//     rounded to `act` before the fp32 weighted sum.
+//     rounded to `act` before the fp32 weighted sum. BF16 experts: to BF16 (both activation dtypes).
 //   - FP16 range (|v| <= 65504; BF16 has fp32's range): h and a stay FP16 and saturate instead of
 //     overflowing. An h value past the range (the gate_up epilogue's cast made it +-inf) is read by the
 //     activation as +-65504, and an activation output past the range is written as +-65504 (NaN stays NaN),
@@ -105,7 +111,7 @@ enum class MoEPath : int {
                     // only from the widest (64-token) tiles and T >= kMoETensorCoreMinTokens; else
                     // decode. BF16 experts: tensor core where their wgmma kernel runs (sm_90a),
                     // elsewhere where T > kMoEBF16PassTokens or experts average >= 8 rows of the pass
-  kDecode = 1,      // the grouped decode GEMM, or BF16 experts' GEMV (any device)
+  kDecode = 1,      // the grouped decode GEMM, or BF16 experts' GEMV (any device; BF16 activations)
   kTensorCore = 2,  // the grouped tensor-core GEMM: FP4 experts wgmma on sm_90a, mma.sync on other sm_80+
                     // devices (64- and 128-token tiles there); BF16 experts wgmma on sm_90a, mma.sync on
                     // other sm_80+ devices (64- and 128-token tiles there)

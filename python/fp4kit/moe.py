@@ -474,7 +474,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """The MoE layer for given routing: Y[t] = sum_j topk_weights[t, j] * down_e(act(gate_up_e(x[t]))), e =
     topk_ids[t, j] (see moe_reference), through torch.ops.fp4kit.fused_moe. Returns a new Y [T, H], x's dtype.
 
-    x bfloat16 or float16 [T, H], contiguous (float16 with FP4 experts only); topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
+    x bfloat16 or float16 [T, H], contiguous; topk_ids int32 [T, k]; topk_weights float32 [T, k] (route_softmax_topk and
     route_sigmoid_grouped_topk return both); w_gate_up, w_down: stack_experts() buffers of the E experts' gate_up
     (2I x H) and down (H x I) weights, both in `format`: "nvfp4" or "mxfp4" (uint8 [E, stride], prepacked), or
     "bf16" (bfloat16 [E, 2I, H] and [E, H, I], contiguous, row-major as checkpoints ship them; H and I
@@ -482,12 +482,14 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     inter = I; activation "silu"
     (silu(gate) * up) or "swiglu_oai" (gpt-oss, with alpha and limit); layout of the gate_up rows (and of
     b_gate_up): "concatenated" ([gate; up]) or "interleaved" (gate, up alternating, as gpt-oss stores them);
-    b_gate_up [E, 2I] and b_down [E, H]: optional biases of x's dtype. All tensors on x's device.
+    b_gate_up [E, 2I] and b_down [E, H]: optional biases of x's dtype (bfloat16 with format "bf16"). All
+    tensors on x's device.
 
     CUDA: the fused kernels on the current stream; no host synchronisation and no allocation other than Y (and
     the zero-filled workspace, once per stream), so it can be captured in a CUDA graph and compiled with
     torch.compile(fullgraph=True). The h and activation intermediates and each expert's output are rounded to
-    x's dtype (as unfused layers of that dtype would); in float16, h and the activation output saturate at
+    x's dtype (as unfused layers of that dtype would; format "bf16": to bfloat16, and float16 x is used exactly,
+    as two bfloat16 terms on the tensor cores); in float16, h and the activation output saturate at
     +-65504 instead of overflowing (exact for swiglu_oai, whose clamps lie inside the range; see
     include/fp4kit/moe.h), each expert's output and Y do not. A token with an expert id outside [0, E), or with one expert in
     two of its slots, gets a NaN row (reporting it would need a host synchronisation); the other tokens are

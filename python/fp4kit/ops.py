@@ -191,9 +191,6 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
         raise TypeError(f"x: must be a torch.Tensor (got {type(x).__name__})")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"x: dtype must be torch.bfloat16 or torch.float16 (got {x.dtype})")
-    if bf16 and x.dtype != torch.bfloat16:
-        raise TypeError(f'x: dtype must be torch.bfloat16 with format "bf16" (BF16 experts take bfloat16 '
-                        f"activations; got {x.dtype})")
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"x: must be a CPU or CUDA tensor (got {x.device})")
     dev = x.device
@@ -263,8 +260,9 @@ def _moe_check(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, acti
                 raise ValueError(f"{name}: data must be {align}-byte aligned (got address {v.data_ptr():#x}); "
                                  "pass the tensor itself, not an offset view")
     for name, b, n in (("b_gate_up", b_gate_up, 2 * inter), ("b_down", b_down, h)):
-        if b is not None:
-            _moe_tensor(b, name, x.dtype, dev, 2, " (x's dtype)")
+        if b is not None:  # BF16 experts: bfloat16 biases, whatever x's dtype
+            _moe_tensor(b, name, torch.bfloat16 if bf16 else x.dtype, dev, 2,
+                        ' (format "bf16": bfloat16)' if bf16 else " (x's dtype)")
             if tuple(b.shape) != (e, n):
                 raise ValueError(f"{name}: shape must be ({e}, {n}), one row per expert (got {tuple(b.shape)})")
     return t, h, e, k
@@ -292,8 +290,10 @@ def _fused_moe_cpu(x, topk_ids, topk_weights, w_gate_up, w_down, format, inter, 
                else torch.zeros(()).expand(2 * inter, h) for i in range(e)]
         wd = [dequantize_packed(w_down[i], format, h, inter) if i in used else torch.zeros(()).expand(h, inter)
               for i in range(e)]
+    # BF16 experts keep BF16 intermediates whatever x's dtype (the kernels' rule, fp4kit/moe.h).
+    mid = torch.bfloat16 if format == "bf16" else None
     y = moe.moe_reference(x, ids, topk_weights, wgu, wd, b_gate_up, b_down, activation, layout, alpha=float(alpha),
-                          limit=float(limit))
+                          limit=float(limit), intermediate_dtype=mid)
     bad = ~valid.all(dim=1)
     if bool(bad.any()):
         y[bad] = float("nan")

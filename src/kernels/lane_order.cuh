@@ -19,6 +19,9 @@
 #pragma once
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "kernels/decode_gemm.cuh"  // griddep_*, layout::natural_pair
 
 namespace fp4kit {
@@ -41,6 +44,38 @@ __global__ void lane_order_kernel(const uint32_t* src, const int* map, const int
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = pn[j] < pairs ? row[pn[j]] : 0u;
     dst[r * vecs + v] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The gather for BF16 experts with FP16 activations (moe.cu; prefill::PrefillParams::x_split): dst row r
+// holds the k FP16 values of src row map[r] (map null: row r) as two BF16 terms, hi = x rounded to BF16 and
+// lo = x - hi (exact), 64-K chunk by chunk: [hi_0 | lo_0 | hi_1 | lo_1 | ...], 2 kx values (kx: k rounded up
+// to 64), zero past k; an infinite x gives lo = 0 (so that W x is W hi, not NaN). Rows as
+// lane_order_kernel's; grid y covers the kx / 8 source vectors.
+__global__ void split_rows_kernel(const uint4* src, const int* map, const int* n_rows, int64_t rows, int k, int kx,
+                                  uint4* dst) {
+  griddep_launch_dependents();
+  griddep_wait();
+  if (n_rows) rows = *n_rows;
+  const int vecs = kx / 8, src_vecs = k / 8;  // k % 8 == 0 (the BF16 experts' rule)
+  const int v = blockIdx.y * blockDim.x + threadIdx.x;
+  if (v >= vecs) return;
+  const int hi_at = (v / 8) * 16 + v % 8;  // chunk v / 8's hi vectors, then its lo vectors
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint4 in = v < src_vecs ? src[(map ? int64_t(map[r]) : r) * src_vecs + v] : make_uint4(0, 0, 0, 0);
+    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f.x, f.y);
+      const float2 hf = __bfloat1622float2(h);
+      const __nv_bfloat162 l = __floats2bfloat162_rn(isinf(f.x) ? 0.0f : f.x - hf.x, isinf(f.y) ? 0.0f : f.y - hf.y);
+      hi[j] = *reinterpret_cast<const uint32_t*>(&h);
+      lo[j] = *reinterpret_cast<const uint32_t*>(&l);
+    }
+    dst[r * 2 * vecs + hi_at] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    dst[r * 2 * vecs + hi_at + 8] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
 }
 

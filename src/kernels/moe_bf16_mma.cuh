@@ -12,6 +12,8 @@
 //   added in fp32, one rounding. Whole K per CTA (no split, no workspace): deterministic. Needs n % 8 == 0
 //   and k % 8 == 0 (the validator's rule for BF16 experts: H and I are multiples of 8) and 16-byte aligned
 //   rows. Rows >= n and rows past the expert's are never written.
+//   FP16 activations (p.x_split, prefill_gemm_sm90.cuh): X's rows hold hi and lo BF16 terms chunk by chunk
+//   and the K loop meets each 64-K chunk of weights twice (its hi, then its lo stage).
 //   Launch: grid row_blocks x max token tiles, kThreads threads, Geometry<BN, S>::kSmem bytes of dynamic
 //   shared memory (prefill.cu, plan_grouped_bf16; launch_prefill_grouped launches it).
 //
@@ -75,8 +77,9 @@ template <int BN>
 __device__ __forceinline__ void load_stage(uint32_t slot, const PrefillParams& p, const CtaOperands<__nv_bfloat16>& op,
                                            int row0, int s, int tid) {
   const int u = tid & 7, r0 = tid >> 3;
-  const int k = s * kStageK + 8 * u;
+  const int k = prefill::w_stage(p, s) * kStageK + 8 * u, xk = s * kStageK + 8 * u;
   const bool k_ok = k < p.k;
+  const int64_t x_len = prefill::x_row_elems(p);
   const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(op.weights);
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
 #pragma unroll
@@ -89,7 +92,7 @@ __device__ __forceinline__ void load_stage(uint32_t slot, const PrefillParams& p
   for (int j = 0; j < BN / 32; ++j) {
     const int r = r0 + 32 * j;
     const bool ok = k_ok && op.tok_begin + r < op.tok_end;
-    cp_async16_u32(slot + kWBytes + unit_at(r, u), ok ? x + int64_t(op.tok_begin + r) * p.k + k : x, ok);
+    cp_async16_u32(slot + kWBytes + unit_at(r, u), ok ? x + int64_t(op.tok_begin + r) * x_len + xk : x, ok);
   }
 }
 
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) moe_bf16_mma_kernel(const P
   CtaOperands<T> op;
   if (!prefill::cta_operands<T, BN, true>(p, token_tile, op)) return;  // uniform, before any barrier
   const int row0 = row_block * kRows;
-  const int n_stages = (p.k + kStageK - 1) / kStageK;
+  const int n_stages = p.x_split ? 2 * p.x_split : (p.k + kStageK - 1) / kStageK;
   const uint32_t ring = uint32_t(__cvta_generic_to_shared(bf16_smem));
 
 #pragma unroll

@@ -10,6 +10,9 @@
 //   order, fp32 accumulation, the bias added in fp32, one rounding. Whole K per CTA, deterministic. Needs
 //   n % 8 == 0, k % 8 == 0 and a stride that is a multiple of 16 bytes (the BF16 experts' validator rules;
 //   also TMA's), 16-byte aligned base, X and Y.
+//   FP16 activations (p.x_split, prefill_gemm_sm90.cuh): X's rows hold hi and lo BF16 terms chunk by chunk
+//   ({2 kx, rows}), and stages 2j and 2j + 1 load the weights' chunk j with X's hi and lo chunk j (the
+//   second weight copy an L2 hit).
 //   Launch: grid row_blocks x the most token tiles, kThreads threads, Geometry<BN>::kSmem bytes of dynamic
 //   shared memory; tmap_x over X {k, rows} with boxes {64, BN}, narrow.half / quarter with boxes of BN / 2
 //   and BN / 4 tokens, tmap_w over the experts {k, n, experts} with boxes {64, 128, 1}; all BF16 with the
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
   const uint32_t ring = (smem_u32(bf16w_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n_stages = (p.k + kStageK - 1) / kStageK;
+  const int n_stages = p.x_split ? 2 * p.x_split : (p.k + kStageK - 1) / kStageK;
   int row_block, token_tile, split, splits, tail;
   cta_tile(p, row_block, token_tile, split, splits, tail);
   CtaOperands<T> op;
@@ -111,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
       mbar_wait(smem_u32(&empty_bar[slot]), ((s / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       mbar_arrive_expect_tx(bar, bytes);
-      tma_load_w(st, &tmap_w, s * kStageK, row0, op.expert, bar);
+      tma_load_w(st, &tmap_w, w_stage(p, s) * kStageK, row0, op.expert, bar);
       tma_load_x(st + kWBytes, map, s * kStageK, op.tok_begin, bar);
     }
     return;

@@ -8,7 +8,8 @@
 //     path's down GEMM, in lane order (k_pad long, pairs past I zero). fp32 math; FP16 saturates its
 //     input and output at +-65504.
 //   moe_combine_kernel: y[t] = sum over slots j of w[t, j] * o[row_of_pair[t, j]], fp32, slot order,
-//     rounded once to T; a slot that was not routed (row -1) makes the row NaN.
+//     rounded once to TY (T, or FP16 from BF16 experts' o); a slot that was not routed (row -1) makes the row
+//     NaN.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -109,9 +110,9 @@ __global__ void moe_activation_kernel(const T* h, T* a, const int* n_rows, int i
 // as an unfused layer's would), summed in fp32 in slot order and rounded once to T. Grid (x, y) as the
 // activation's, over tokens and 16-byte vectors of the row; up to four slots' vectors are loaded before
 // they are summed (hidden % 8 == 0: the validator).
-template <typename T>
+template <typename T, typename TY = T>
 __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const float* weights, int tokens, int top_k,
-                                   int hidden, T* y) {
+                                   int hidden, TY* y) {
   griddep_launch_dependents();
   griddep_wait();
   const int vecs = hidden / 8;
@@ -146,7 +147,7 @@ __global__ void moe_combine_kernel(const T* o, const int* row_of_pair, const flo
     }
     uint32_t out[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) out[e] = store2_raw<T>(acc[2 * e], acc[2 * e + 1]);
+    for (int e = 0; e < 4; ++e) out[e] = store2_raw<TY>(acc[2 * e], acc[2 * e + 1]);
     reinterpret_cast<uint4*>(y + int64_t(t) * hidden)[v] = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }

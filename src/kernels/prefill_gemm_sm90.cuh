@@ -157,7 +157,19 @@ struct PrefillParams {
   bool narrow;                  // dense: the launch passed NarrowX maps, so a last tile of at most BN / 2
                                 // tokens runs narrow (layout::tile_width); grouped launches always run
                                 // narrow tiles and leave it unset
+  int x_split;                  // BF16 experts with FP16 activations (moe_bf16_*.cuh): X's rows hold each
+                                // FP16 x as two BF16 terms, hi and lo, 64-K chunk by chunk ([hi_0 | lo_0 |
+                                // hi_1 | lo_1 | ...], x_split chunks of each, zero past k); the kernels run
+                                // 2 x_split stages, stages 2j and 2j + 1 over the weights' stage j (its
+                                // second copy an L2 hit). 0: X is BF16, rows k long
 };
+
+// BF16 experts' kernels: the weights' stage of stage s, and X's row length in elements. x = hi + lo exactly
+// (an FP16 value has 11 significant bits: hi takes 8, lo the rest, and both lie in BF16's range), so
+// W x = W hi + W lo with every product exact in fp32: FP16 activations are used as they are, at twice the
+// tensor work of BF16 ones and the same DRAM traffic (hi and lo of a chunk meet its weights back to back).
+__device__ __forceinline__ int w_stage(const PrefillParams& p, int s) { return p.x_split ? s >> 1 : s; }
+__device__ __forceinline__ int64_t x_row_elems(const PrefillParams& p) { return p.x_split ? 128 * int64_t(p.x_split) : p.k; }
 
 // What one CTA reads and writes: the weights of its matrix (one expert's in grouped mode) and its tokens
 // [tok_begin, tok_end) of which its tile covers tok_begin .. tok_begin + BN - 1 (grouped mode: tok_end is

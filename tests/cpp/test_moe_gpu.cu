@@ -141,7 +141,7 @@ void make_experts(Experts& ex, Format f, int E, int64_t n, int64_t k, bool with_
 
 struct Case {
   Format f = Format::kMXFP4;
-  bool f16 = false;    // FP16 activations (x, y, biases, intermediates); default BF16
+  bool f16 = false;    // FP16 activations (x, y; FP4 experts: biases, intermediates); default BF16
   bool huge_bias = false;  // FP16: gate_up bias rows at +-65504 (h past the FP16 range, see huge_row)
   bool bf16 = false;   // BF16 experts (f ignored)
   size_t bf16_pad = 0; // extra bytes between BF16 experts
@@ -156,6 +156,7 @@ struct Case {
   MoEPath path = MoEPath::kAuto;
   int token_tile = 0;  // MoEArgs::token_tile (tensor-core path)
   bool one_token_twin = false;  // also run with the one-token pass off (the align schedule): the same bits
+  double tol = 0;  // the rel-L2 gate; 0: the one of the case's dtypes (check_case)
 };
 
 double act_ref(double g, double u, const Case& c) {
@@ -202,6 +203,7 @@ MoEArgs case_args(const Case& c) {
   a.activation = c.act;
   a.gate_up = ExpertWeights{c.f, 2 * c.I, c.H, nullptr, 0, nullptr};
   a.down = ExpertWeights{c.f, c.H, c.I, nullptr, 0, nullptr};
+  if (c.bf16) a.gate_up.kind = a.down.kind = ExpertKind::kBF16;
   return a;
 }
 
@@ -266,7 +268,10 @@ float huge_row(int64_t r, int64_t arg) {
 
 void check_case(const Case& c) {
   Experts gu, dn;
-  if (c.f16) {
+  // FP16 intermediates: FP16 activations with FP4 experts (BF16 experts keep BF16 ones, and BF16 biases).
+  const bool f16_mid = c.f16 && !c.bf16;
+  const bool split_x = c.f16 && c.bf16;
+  if (f16_mid) {
     // Weights of rms 2 / sqrt(H) (gate_up) and 1 / sqrt(I) (down): h ~ 2 for x ~ N(0, 1), as in real layers.
     make_experts(gu, c.f, c.E, 2 * c.I, c.H, false, 2.0 / std::sqrt(double(c.H)));
     make_experts(dn, c.f, c.E, c.H, c.I, false, 1.0 / std::sqrt(double(c.I)));
@@ -295,9 +300,9 @@ void check_case(const Case& c) {
     x[i] = fp4test::from_bits(xb[i], !c.f16);
   }
   // The op's roundings: BF16, or FP16 with h and a saturated (o is not: see fp4kit/moe.h).
-  auto round_h = [&](double v) { return c.f16 ? float(f16_sat(f16_round(v))) : bf16_round(v); };
-  auto round_a = [&](double v) { return c.f16 ? f16_round(f16_sat(v)) : bf16_round(v); };
-  auto round_o = [&](double v) { return c.f16 ? f16_round(v) : bf16_round(v); };
+  auto round_h = [&](double v) { return f16_mid ? float(f16_sat(f16_round(v))) : bf16_round(v); };
+  auto round_a = [&](double v) { return f16_mid ? f16_round(f16_sat(v)) : bf16_round(v); };
+  auto round_o = [&](double v) { return f16_mid ? f16_round(v) : bf16_round(v); };
   const auto ids = make_ids(c);
   std::vector<float> wts(ids.size());
   std::uniform_real_distribution<float> ud(0.05f, 1.0f);
@@ -335,7 +340,9 @@ void check_case(const Case& c) {
         acc[size_t(r)] += double(wts[size_t(t * c.top_k + j)]) * round_o(s);
       }
     }
-    for (int64_t r = 0; r < c.H; ++r) ref[size_t(t * c.H + r)] = acc[size_t(r)];
+    // BF16 experts with FP16 activations: y rounded to FP16 as the op rounds it, so that the gate below can be
+    // tight enough to see x used exactly (the split into two BF16 terms) rather than rounded to BF16.
+    for (int64_t r = 0; r < c.H; ++r) ref[size_t(t * c.H + r)] = split_x ? f16_round(acc[size_t(r)]) : acc[size_t(r)];
   }
 
   const Result got = run_moe(c, gu, dn, xb, ids, wts);
@@ -356,7 +363,9 @@ void check_case(const Case& c) {
   const auto cmp = fp4test::compare(ref_ok, got_ok);
   int64_t n_nan_rows = 0;
   for (bool b : nan_row) n_nan_rows += b;
-  const double tol = c.f16 ? 2e-3 : 1e-2;  // the dense GEMM tests' gates (test_gemm_gpu)
+  // The dense GEMM tests' gates (test_gemm_gpu), BF16 intermediates 1e-2; the split X 2e-4 (short K: only
+  // rounding flips differ, where x rounded to BF16 instead would give ~1e-3).
+  const double tol = c.tol > 0 ? c.tol : split_x ? 2e-4 : f16_mid ? 2e-3 : 1e-2;
   CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < tol && cmp.cosine > 0.999)) &&
                 nan_ok == n_nan_rows * c.H,
             (c.bf16 ? "bf16" : format_name(c.f)) << (c.f16 ? " fp16" : " bf16-act") << (c.huge_bias ? " huge-bias" : "")
@@ -588,6 +597,52 @@ TEST(moe_bf16_tensor_core_tiles) {
     one.bias = true;
     check_case(one);
   });
+}
+
+// BF16 experts with FP16 activations: the tensor-core path with X gathered as two BF16 terms (hi + lo),
+// through each kernel the device runs: K = 168 and 104 (the split's halves padded to 192 and 128), token
+// tiles chosen, 64, 128 and (wgmma) 256, biases (BF16), one row, skewed routing, one expert with many rows;
+// kAuto (which takes the tensor-core path) on the gpt-oss shape. check_case's gate for the short-K cases (2e-4
+// against a reference rounded as the op rounds) fails if x is rounded to BF16 instead of split; at K = 2880
+// the tensor cores' accumulation flips more of the BF16 roundings of h and o (measured 8e-4), so the gpt-oss
+// case takes the BF16 gate. Then the path rules.
+TEST(moe_bf16_fp16_activations) {
+  const std::vector<TcPoint> cases = {{1, 4, Case::kRandom, true}, {37, 2, Case::kSkewed, true},
+                                      {300, 4, Case::kRandom, true}, {200, 8, Case::kOneExpert, true}};
+  for_each_tensor_core_kernel([&](bool mma) {
+    int n = 0;
+    for (const TcPoint& t : cases) {
+      const int tiles[4] = {0, 64, 128, 256};
+      Case c = tensor_core_case(t, tiles[n % (mma ? 3 : 4)]);
+      c.bf16 = true;
+      c.bf16_pad = n++ % 2 ? 48 : 0;
+      c.H = 168;
+      c.I = 104;
+      check_case(c);
+    }
+    Case g = gpt_oss_case();  // kAuto
+    g.bf16 = true;
+    g.f16 = true;
+    g.T = quick() ? 3 : 70;
+    g.routing = Case::kSkewed;
+    g.tol = 1e-2;
+    check_case(g);
+  });
+  Case c;
+  c.bf16 = true;
+  c.f16 = true;
+  c.E = 1;
+  c.top_k = 1;
+  c.T = 1;
+  c.H = 64;
+  c.I = 32;
+  MoEArgs a = case_args(c);
+  MoEPath path = MoEPath::kDecode;
+  CHECK_OK(moe_path(a, &path));
+  CHECK_MSG(path == MoEPath::kTensorCore, "BF16 experts with FP16 activations: kAuto takes the tensor-core path");
+  a.path = MoEPath::kDecode;
+  CHECK_ERROR(moe_path(a, &path), "path: BF16 experts with float16 activations run on the tensor-core path only "
+                                  "(MoEPath::kAuto or kTensorCore; got kDecode)");
 }
 
 TEST(moe_bf16_bad_ids_give_nan_rows) {
@@ -1159,9 +1214,13 @@ TEST(moe_bf16_validator_messages) {
   b.down.k = 64;
   CHECK_ERROR(moe_validate(b), "down: shape must be [64, 32] per expert (got [64, 64])");
   b = a;
-  b.act = DType::kF16;
-  CHECK_ERROR(moe_validate(b), "act: BF16 experts take bfloat16 activations (got float16)");
-  CHECK_ERROR(moe_workspace_bytes(b, &bytes), "act: BF16 experts take bfloat16 activations (got float16)");
+  b.act = DType::kF16;  // FP16 activations: the tensor-core path, not the GEMV
+  CHECK_OK(moe_workspace_bytes(b, &bytes));
+  b.path = MoEPath::kDecode;
+  CHECK_ERROR(moe_validate(b), "path: BF16 experts with float16 activations run on the tensor-core path only "
+                               "(MoEPath::kAuto or kTensorCore; got kDecode)");
+  CHECK_ERROR(moe_workspace_bytes(b, &bytes), "path: BF16 experts with float16 activations run on the tensor-core "
+                                              "path only");
   b = a;
   b.act = DType::kF32;
   CHECK_ERROR(moe_validate(b), "act: must be bfloat16 or float16 (got float32)");
