@@ -429,10 +429,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
   p.max_entries = p.max_active;
-  // PDL by default with FP4 experts: the layer's five launches follow each other, and each may become
-  // resident while the one before drains (gpt-oss-120b T = 1-16 0-5% faster, DeepSeek-V3 and Qwen3 up
-  // to 3%); with BF16 experts it cost 3-4% at T = 16 (docs/moe-notes.md), so there it stays opt-in.
-  p.pdl = detail::pdl_enabled_here(!p.bf16);
+  // PDL by default: the layer's launches follow each other, and each may become resident while the one
+  // before drains (FP4 experts: gpt-oss-120b T = 1-16 0-5% faster, DeepSeek-V3 and Qwen3 up to 3%; BF16
+  // experts on the tensor-core path: 0.978 geometric mean over five models at T = 1-2048, T = 1 3-13%
+  // faster, no row slower than +0.2%). BF16 experts' GEMV measured 3-4% slower with it at T = 16
+  // (docs/moe-notes.md): opt-in there.
+  p.pdl = detail::pdl_enabled_here(!p.bf16 || p.tc);
   if (p.tc) {
     // Token tile (unless a.token_tile says): 256 rows where an expert has >= 192 of the pass on average,
     // 128 from 96, else 64. An expert's last tile runs narrower wgmmas when it holds few rows

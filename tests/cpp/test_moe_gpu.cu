@@ -363,9 +363,10 @@ void check_case(const Case& c) {
   const auto cmp = fp4test::compare(ref_ok, got_ok);
   int64_t n_nan_rows = 0;
   for (bool b : nan_row) n_nan_rows += b;
-  // The dense GEMM tests' gates (test_gemm_gpu), BF16 intermediates 1e-2; the split X 2e-4 (short K: only
-  // rounding flips differ, where x rounded to BF16 instead would give ~1e-3).
-  const double tol = c.tol > 0 ? c.tol : split_x ? 2e-4 : f16_mid ? 2e-3 : 1e-2;
+  // The dense GEMM tests' gates (test_gemm_gpu), BF16 intermediates 1e-2; the split X 1e-3: only rounding
+  // flips of h, o and y differ (measured up to 2.1e-4 at K = 168; a model of the pipeline with fp32-level
+  // accumulation noise: 2-4e-4), where x rounded to BF16 instead gives ~4e-3 (the same model).
+  const double tol = c.tol > 0 ? c.tol : split_x ? 1e-3 : f16_mid ? 2e-3 : 1e-2;
   CHECK_MSG(nan_bad == 0 && (ref_ok.empty() || (cmp.rel_l2 < tol && cmp.cosine > 0.999)) &&
                 nan_ok == n_nan_rows * c.H,
             (c.bf16 ? "bf16" : format_name(c.f)) << (c.f16 ? " fp16" : " bf16-act") << (c.huge_bias ? " huge-bias" : "")
@@ -602,10 +603,10 @@ TEST(moe_bf16_tensor_core_tiles) {
 // BF16 experts with FP16 activations: the tensor-core path with X gathered as two BF16 terms (hi + lo),
 // through each kernel the device runs: K = 168 and 104 (the split's halves padded to 192 and 128), token
 // tiles chosen, 64, 128 and (wgmma) 256, biases (BF16), one row, skewed routing, one expert with many rows;
-// kAuto (which takes the tensor-core path) on the gpt-oss shape. check_case's gate for the short-K cases (2e-4
-// against a reference rounded as the op rounds) fails if x is rounded to BF16 instead of split; at K = 2880
-// the tensor cores' accumulation flips more of the BF16 roundings of h and o (measured 8e-4), so the gpt-oss
-// case takes the BF16 gate. Then the path rules.
+// kAuto (which takes the tensor-core path) on the gpt-oss shape. check_case's gate for the short-K cases (1e-3
+// against a reference rounded as the op rounds) fails if x is rounded to BF16 instead of split (~4e-3); at
+// K = 2880 the accumulation flips more of the BF16 roundings of h and o (measured 8e-4), so the gpt-oss case
+// takes the BF16 gate. Then the path rules.
 TEST(moe_bf16_fp16_activations) {
   const std::vector<TcPoint> cases = {{1, 4, Case::kRandom, true}, {37, 2, Case::kSkewed, true},
                                       {300, 4, Case::kRandom, true}, {200, 8, Case::kOneExpert, true}};
