@@ -542,6 +542,22 @@ Case tensor_core_case(const TcPoint& t, int token_tile) {
 // blocks, K of 2.6 / 1.6 64-K stages), token tiles chosen, 64, 128 and (wgmma) 256 in turn; one row,
 // partial tiles, skewed routing, every token on experts 0..k-1 (one expert with T rows: many tiles), padded
 // expert strides (NaN in the padding), the gpt-oss shape, and (full run) two passes.
+// BF16 experts through one tensor-core kernel (mma: the mma.sync one, whose tiles are 64 and 128): each point
+// at H = 168 and I = 104 with the token tiles chosen, 64, 128 and (wgmma) 256 in turn and every other expert
+// stride padded.
+void bf16_tensor_core_points(const std::vector<TcPoint>& cases, bool mma) {
+  int n = 0;
+  for (const TcPoint& t : cases) {
+    const int tiles[4] = {0, 64, 128, 256};
+    Case c = tensor_core_case(t, tiles[n % (mma ? 3 : 4)]);
+    c.bf16 = true;
+    c.bf16_pad = n++ % 2 ? 48 : 0;
+    c.H = 168;
+    c.I = 104;
+    check_case(c);
+  }
+}
+
 TEST(moe_bf16_tensor_core_matches_reference) {
   std::vector<TcPoint> cases = {{1, 4, Case::kRandom}, {37, 2, Case::kSkewed}, {300, 4, Case::kRandom},
                                 {300, 8, Case::kOneExpert}, {1000, 1, Case::kRandom}};
@@ -550,16 +566,7 @@ TEST(moe_bf16_tensor_core_matches_reference) {
     cases.push_back({kMoETensorCorePassTokens + 8, 2, Case::kRandom});  // two passes
   }
   for_each_tensor_core_kernel([&](bool mma) {
-    int n = 0;
-    for (const TcPoint& t : cases) {
-      const int tiles[4] = {0, 64, 128, 256};
-      Case c = tensor_core_case(t, tiles[n % (mma ? 3 : 4)]);
-      c.bf16 = true;
-      c.bf16_pad = n++ % 2 ? 48 : 0;
-      c.H = 168;
-      c.I = 104;
-      check_case(c);
-    }
+    bf16_tensor_core_points(cases, mma);
     Case g = gpt_oss_case();  // K = 2880 (45 stages), n = 5760 and 2880
     g.bf16 = true;
     g.path = MoEPath::kTensorCore;
@@ -611,16 +618,7 @@ TEST(moe_bf16_fp16_activations) {
   const std::vector<TcPoint> cases = {{1, 4, Case::kRandom, true}, {37, 2, Case::kSkewed, true},
                                       {300, 4, Case::kRandom, true}, {200, 8, Case::kOneExpert, true}};
   for_each_tensor_core_kernel([&](bool mma) {
-    int n = 0;
-    for (const TcPoint& t : cases) {
-      const int tiles[4] = {0, 64, 128, 256};
-      Case c = tensor_core_case(t, tiles[n % (mma ? 3 : 4)]);
-      c.bf16 = true;
-      c.bf16_pad = n++ % 2 ? 48 : 0;
-      c.H = 168;
-      c.I = 104;
-      check_case(c);
-    }
+    bf16_tensor_core_points(cases, mma);
     Case g = gpt_oss_case();  // kAuto
     g.bf16 = true;
     g.f16 = true;
@@ -659,8 +657,8 @@ TEST(moe_bf16_bad_ids_give_nan_rows) {
   check_case(c);
 }
 
-// FP16 activations (FP4 experts only: BF16 experts take BF16). Both formats and activations, biases on
-// most cases, T = 1 (one token), 37 (skewed routing), 64 (one full pass) and 100 (two passes).
+// FP16 activations with FP4 experts (BF16 experts: moe_bf16_fp16_activations). Both formats and activations,
+// biases on most cases, T = 1 (one token), 37 (skewed routing), 64 (one full pass) and 100 (two passes).
 TEST(moe_fp16_matches_reference) {
   const std::vector<int64_t> ts = quick() ? std::vector<int64_t>{1, 37} : std::vector<int64_t>{1, 37, 64, 100};
   for (Format f : {Format::kMXFP4, Format::kNVFP4})
