@@ -71,7 +71,7 @@ typedef struct {
   fp4kit_format format;   /* FP4 experts: prepacked in this format (one packed layout per expert) */
   const void* data;       /* expert e at data + e * stride */
   size_t stride;          /* bytes */
-  const void* bias;       /* [num_experts, n] of the activation dtype, or NULL */
+  const void* bias;       /* [num_experts, n] of the activation dtype (BF16 experts: bfloat16), or NULL */
 } fp4kit_experts;
 typedef struct {
   int64_t tokens, hidden, inter;
