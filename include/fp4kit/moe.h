@@ -144,8 +144,8 @@ struct MoEArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   MoEPath path = MoEPath::kAuto;
-  // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256 (256: wgmma, FP4 experts only); 0 (default)
-  // chooses from the average tokens per routed expert. Ignored on the decode path.
+  // Tensor-core path: tokens per tile of the grouped GEMM, 64, 128 or 256 (256: the wgmma kernels, sm_90a); 0
+  // (default) chooses from the average tokens per routed expert. Ignored on the decode path.
   int token_tile = 0;
   // Routing from router logits (mode kNone: topk_ids / topk_weights as given).
   Routing routing;
