@@ -121,7 +121,8 @@ constexpr int64_t kMoEDecodePassTokens = 256;  // FP4 experts on the decode path
 constexpr int64_t kMoEBF16PassTokens = 64;     // BF16 experts' GEMV (<= 64 rows per expert per pass)
 // Tensor-core passes: every pass re-reads the weights of the experts it touches (gpt-oss-120b: 1.7 GB, ~0.4 ms
 // at HBM speed), and more rows per expert fill wider token tiles; the workspace grows with the pass
-// (tokens x top_k x (3 I + H) x 2 bytes, roughly: gpt-oss-120b ~0.8 GB, DeepSeek-V3 ~1.7 GB at 8192).
+// (tokens x top_k x (3 I + H) x 2 bytes, roughly: gpt-oss-120b ~0.8 GB, DeepSeek-V3 ~1.7 GB at 8192; BF16
+// experts with FP16 activations 3 I + 2 H: the gathered X holds two BF16 terms).
 // 8192 against 4096: gpt-oss-120b and DeepSeek-V3 at T = 8192 17-18% faster (docs/moe-notes.md).
 constexpr int64_t kMoETensorCorePassTokens = 8192;
 
