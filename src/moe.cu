@@ -340,8 +340,11 @@ struct MoEPlan {
   // X and the activations in natural order (mma.sync kernels, and BF16 experts' kernels), else lane order
   // (the FP4 wgmma kernel).
   bool natural() const { return tc && (bf16 || !wgmma); }
-  // BF16 experts with FP16 activations: gate_up reads each x as two BF16 terms (hi + lo, exact; the gather
-  // writes them, prefill::PrefillParams::x_split), the intermediates are BF16, and the combine writes FP16.
+  // The dtype of the intermediates h, a and o (and of the tensor-core GEMMs' X): the activations' with FP4
+  // experts, BF16 with BF16 experts. Where it is not the activations' (BF16 experts, FP16 activations:
+  // split_x), gate_up reads each x as two BF16 terms (hi + lo, exact; the gather writes them,
+  // prefill::PrefillParams::x_split) and the combine writes FP16.
+  DType mid = DType::kBF16;
   bool split_x = false;
   GroupedPlan gu, dn;  // FP4 experts, decode path
   detail::GroupedPrefillPlan tgu, tdn;  // tensor-core path (FP4 or BF16 experts)
@@ -424,7 +427,8 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   MoEPlan p;
   FP4KIT_RETURN_IF_ERROR(choose_tensor_core(a, &p.tc, &p.wgmma));
   p.bf16 = a.gate_up.kind == ExpertKind::kBF16;
-  p.split_x = p.bf16 && a.act == DType::kF16;
+  p.mid = p.bf16 ? DType::kBF16 : a.act;
+  p.split_x = p.mid != a.act;
   const int64_t pass = std::min<int64_t>(a.tokens, p.pass_tokens());
   p.pairs = int(pass) * a.top_k;
   p.max_active = std::min(a.num_experts, p.pairs);
@@ -498,12 +502,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
   p.ints_off = off;
   off = align256(off + ints * sizeof(int));
   p.h_off = off;
-  const size_t eb = size_t(dtype_bytes(a.act));  // h, a and o: 16-bit (the activation dtype; BF16 experts: BF16)
+  const size_t eb = size_t(dtype_bytes(p.mid));  // h, a and o
   off = align256(off + size_t(p.pairs) * 2 * a.inter * eb);
   // Tensor-core path: the activations (down's X) and the gathered X (in o, dead until down writes it) are
   // rows of k_pad in lane order (wgmma), or rows of I and H in natural order (mma.sync).
   p.a_len = p.tc && !p.natural() ? p.tdn.layout.k_pad : a.inter;
-  p.x_len = !p.tc ? 0 : p.split_x ? 2 * detail::split_x_len(a.hidden) : p.natural() ? a.hidden : p.tgu.layout.k_pad;
+  p.x_len = !p.tc ? 0 : p.split_x ? detail::split_x_row(a.hidden) : p.natural() ? a.hidden : p.tgu.layout.k_pad;
   p.a_off = off;
   off = align256(off + size_t(p.pairs) * p.a_len * eb);
   p.o_off = off;
@@ -774,9 +778,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
   auto ew_grid = [&](int64_t max_rows, int64_t row_len) {
     return detail::row_vector_grid(max_rows, row_len / 8, plan.sms);
   };
-  // FP16 activations and intermediates (FP4 experts), or BF16 intermediates (BF16 experts; with FP16
-  // activations, plan.split_x: the gather reads FP16 X and the combine writes FP16 Y).
-  const bool f16 = a.act == DType::kF16 && !plan.split_x;
+  const bool f16 = plan.mid == DType::kF16;  // the intermediates' dtype (the combine's Y: a.act)
   const int64_t eb = dtype_bytes(a.act);
   const bool lane_act = plan.tc && !plan.natural();  // activations in lane order: the FP4 wgmma down GEMM's X
   auto launch_activation = [&](int pairs) {
@@ -825,7 +827,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.base = w.data;
     g.stride = w.stride;
     g.bias = w.bias;
-    g.act = plan.bf16 ? DType::kBF16 : a.act;
+    g.act = plan.mid;
     g.pdl = plan.pdl;
     g.x_split = x_split;
     return detail::launch_prefill_grouped(tp, g, stream);

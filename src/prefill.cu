@@ -394,7 +394,7 @@ cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows
 
 cudaError_t launch_split_rows(const void* src, const int* map, const int* n_rows, int64_t rows, int64_t k, void* dst,
                               int sms, cudaStream_t stream, bool pdl) {
-  const int64_t kx = split_x_len(k);
+  const int64_t kx = split_x_row(k) / 2;
   return launch_kernel(&kernels::split_rows_kernel, row_vector_grid(rows, kx / 8, sms), dim3(kRowVectorThreads), 0,
                        stream, pdl, static_cast<const uint4*>(src), map, n_rows, rows, int(k), int(kx),
                        static_cast<uint4*>(dst));
@@ -475,12 +475,12 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   pk::PrefillParams p = shape_params(l, a.rows, plan.row_blocks, a.max_tiles, 1, 0);
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
-  p.x_split = a.x_split ? int(split_x_len(l.k) / 64) : 0;
+  p.x_split = a.x_split ? int(split_x_row(l.k) / 128) : 0;
   if (plan.bf16_wgmma) {
-    // Natural order, rows k long (x_split: hi and lo chunks, 2 split_x_len(k) long); both operands by TMA.
+    // Natural order, rows k long (x_split: hi and lo chunks, split_x_row(k) long); both operands by TMA.
     CUtensorMap map, wmap;
     pk::NarrowX narrow;
-    FP4KIT_RETURN_IF_ERROR(x_tensor_maps(a.x, a.x_split ? 2 * split_x_len(l.k) : l.k, a.rows, a.act, plan.bn, &map, &narrow));
+    FP4KIT_RETURN_IF_ERROR(x_tensor_maps(a.x, a.x_split ? split_x_row(l.k) : l.k, a.rows, a.act, plan.bn, &map, &narrow));
     FP4KIT_RETURN_IF_ERROR(bf16_w_tensor_map(a.base, l.n, l.k, a.experts, a.stride, &wmap));
     launch_kernel(reinterpret_cast<PrefillFn>(const_cast<void*>(plan.kernel)), dim3(unsigned(grid)), dim3(plan.threads),
                   size_t(plan.smem_bytes), stream, a.pdl, map, narrow, wmap, p);

@@ -84,10 +84,11 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
                               int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural = false);
 // The same gather for BF16 experts with FP16 activations (kernels/lane_order.cuh, split_rows_kernel): FP16
-// rows of k values into BF16 rows of 2 * split_x_len(k) values, each 64-K chunk's hi terms then its lo terms.
+// rows of k values into BF16 rows of split_x_row(k) values, each 64-K chunk's hi terms then its lo terms.
 cudaError_t launch_split_rows(const void* src, const int* map, const int* n_rows, int64_t rows, int64_t k, void* dst,
                               int sms, cudaStream_t stream, bool pdl);
-constexpr int64_t split_x_len(int64_t k) { return (k + 63) / 64 * 64; }
+// A split X row's length: two terms of k rounded up to 64 (the kernels' stage K).
+constexpr int64_t split_x_row(int64_t k) { return 2 * ((k + 63) / 64 * 64); }
 
 // Whether this build runs the prefill kernel on the current device (sm_90a code present); cached. Where a
 // Hopper device lacks it, make_plan dispatches as an sm_80-89 device would (no wgmma, no cluster entries).
