@@ -23,7 +23,9 @@
 //   5. combine    Y[t] = sum_j w[t, j] * O[row(t, j)] in fp32, slot order; a bad id makes the row NaN.
 // A one-token call on Hopper whose GEMMs both run in cluster mode skips step 1 (MoEPlan::one_token): one
 // token's top-k ids are distinct experts, so the pairs in slot order are the schedule (kernels::OneToken);
-// gate_up's CTA 0 writes the rows count and each pair's row, which steps 3 and 5 read.
+// gate_up's CTA 0 writes the rows count and each pair's row, which steps 3 and 5 read. So does a one-token
+// call of BF16 experts (BF16 activations) on the wgmma kernel, whose gate_up also reads x's row itself (no
+// gather launch).
 // With MoEArgs::routing set, one launch before the passes routes every token from its router logits
 // (kernels/moe_routing.cuh) into the workspace, and the passes read the ids and weights from there; a call
 // of one pass of at most 32 tokens whose align is one CTA routes inside that CTA instead
@@ -351,10 +353,12 @@ struct MoEPlan {
   Bf16Plan bgu, bdn;   // BF16 experts
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
+  bool early_w = false;  // BF16 experts' wgmma GEMMs: weights before the wait (GroupedPrefillArgs::early_w)
   int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
-  bool one_token = false;  // FP4 decode path, T = 1: no align launch (kernels::OneToken; moe_one_token)
+  bool one_token = false;  // T = 1, FP4 decode path in cluster mode or BF16 experts' wgmma kernel: no align
+                           // launch (kernels::OneToken; moe_one_token)
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
   int64_t a_len = 0, x_len = 0;  // row lengths of the activations and (tensor-core path) the gathered X
   size_t ints_off = 0, h_off = 0, a_off = 0, o_off = 0, counters_off = 0, partials_off = 0, total = 0;
@@ -371,6 +375,13 @@ bool moe_mma_forced() {
     return v != nullptr && std::string(v) == "1";
   }();
   return g_mma < 0 ? env : g_mma != 0;
+}
+
+// BF16 experts' wgmma GEMMs with their first weights before griddepcontrol.wait (MoEPlan::early_w):
+// FP4KIT_MOE_BF16_EARLY_W=0 turns it off.
+bool moe_bf16_early_w() {
+  static const bool env = env_not_zero("FP4KIT_MOE_BF16_EARLY_W");
+  return env;
 }
 
 // Whether the experts take the tensor-core path (enough tokens, or forced), and through which kernel family:
@@ -473,6 +484,14 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     p.block_rows = bn;
     p.max_entries = (p.pairs + bn - 1) / bn + p.max_active;
     p.sms = p.tgu.sms;
+    // BF16 experts' wgmma GEMMs at 64-token tiles read the schedule and request their first ring of weights
+    // before their wait (GroupedPrefillArgs::early_w; FP4KIT_MOE_BF16_EARLY_W=0 turns it off). Same-run
+    // A/B, five models, T = 1-2048 (docs/moe-notes.md): 2-4% faster at T <= 64; at 128-token tiles (T =
+    // 2048) +0.7-2.9%, inside the rounds' spread but all one way, so those keep the wait first.
+    p.early_w = p.pdl && p.bf16 && p.wgmma && bn == 64 && moe_bf16_early_w();
+    // One token (BF16 activations): the pairs are the schedule, as on the FP4 decode path: no align launch,
+    // and gate_up reads the token's row of x itself (no gather launch).
+    p.one_token = p.bf16 && p.wgmma && a.tokens == 1 && !p.split_x && moe_one_token();
   } else if (p.bf16) {
     const int n_tiles = bf16_n_tiles(a.tokens);
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, a.gate_up.k, n_tiles, false, &p.bgu));
@@ -690,7 +709,7 @@ Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_
   *gate_up = decode ? plan.gu.cluster : 0;
   *down = decode ? plan.dn.cluster : 0;
   if (act_in_gate_up) *act_in_gate_up = decode && plan.act_in_gate_up;
-  if (one_token) *one_token = decode && plan.one_token;
+  if (one_token) *one_token = plan.one_token;
   return Status::Ok();
 }
 }  // namespace detail
@@ -814,7 +833,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
 
   // Tensor-core path: one grouped prefill GEMM over the pass's `rows` sorted rows.
   auto launch_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
-                       void* y, bool x_split) {
+                       void* y, bool x_split, bool early_w, const kernels::OneToken* one) {
     detail::GroupedPrefillArgs g;
     g.x = x;
     g.y = y;
@@ -830,6 +849,14 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.act = plan.mid;
     g.pdl = plan.pdl;
     g.x_split = x_split;
+    g.early_w = early_w;
+    if (one) {
+      g.one_ids = one->ids;
+      g.one_pairs = one->pairs;
+      g.one_token_x = one->token_x;
+      g.one_n_rows = one->n_rows;
+      g.one_row_of_pair = one->row_of_pair;
+    }
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
@@ -864,17 +891,28 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl, ids,
                             pairs, a.top_k, E, plan.block_rows, b, counters, n_counters);
     }
+    if (plan.tc && plan.one_token) {
+      // One token, BF16 experts: gate_up reads x's row itself and writes the schedule for the activation and
+      // combine; it reads the pair ids after its wait (they may be the previous kernel's output), down
+      // before its own (gate_up, complete by then, waited for their writer).
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, x, 1, h, false, false, &gu_one));
+      launch_activation(pairs);
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, &dn_one));
+      launch_combine(t0, tokens, y);
+      continue;
+    }
     if (plan.tc) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
       // dead until then).
       if (plan.split_x)
-        detail::launch_split_rows(x, b.token_of_row, b.offset + E, pairs, a.hidden, o, plan.sms, stream, plan.pdl);
+        detail::launch_split_rows(x, b.token_of_row, b.offset + E, pairs, a.hidden, o, plan.sms, stream, plan.pdl,
+                                  plan.early_w);
       else
         detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
-                                  plan.sms, stream, plan.pdl, /*natural=*/plan.natural());
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x));
+                                  plan.sms, stream, plan.pdl, /*natural=*/plan.natural(), plan.early_w);
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x, plan.early_w, nullptr));
       launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, nullptr));
       launch_combine(t0, tokens, y);
       continue;
     }

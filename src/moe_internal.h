@@ -10,7 +10,7 @@ namespace detail {
 // act_in_gate_up is not null) whether gate_up's cluster reduction applies the activation (no activation
 // launch).
 // If one_token is not null: whether the call is a one-token pass without the align launch (moe.cu,
-// kernels::OneToken).
+// kernels::OneToken; the FP4 decode path in cluster mode, or BF16 experts' wgmma kernel).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr,
                            bool* one_token = nullptr);
 
@@ -24,7 +24,7 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel);
 // calls it affects.
 void set_moe_clusters(int on);
 
-// One-token passes on the decode path (moe.cu, MoEPlan::one_token): 0 never (the align step always runs), 1
+// One-token passes (moe.cu, MoEPlan::one_token: the FP4 decode path, BF16 experts' wgmma kernel): 0 never (the align step always runs), 1
 // by the rule, -1 as the environment says (FP4KIT_MOE_ONE_TOKEN=0 turns it off; default on). Not
 // thread-safe: set it before the calls it affects.
 void set_moe_one_token(int on);

@@ -386,17 +386,18 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms) {
 }
 
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural) {
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural,
+                              bool late_trigger) {
   return launch_kernel(&kernels::lane_order_kernel, row_vector_grid(rows, k_pad / 8, sms), dim3(kRowVectorThreads),
                        0, stream, pdl, static_cast<const uint32_t*>(src), map, n_rows, rows, f, int(k), int(k_pad),
-                       natural, static_cast<uint4*>(dst));
+                       natural, late_trigger, static_cast<uint4*>(dst));
 }
 
 cudaError_t launch_split_rows(const void* src, const int* map, const int* n_rows, int64_t rows, int64_t k, void* dst,
-                              int sms, cudaStream_t stream, bool pdl) {
+                              int sms, cudaStream_t stream, bool pdl, bool late_trigger) {
   const int64_t kx = split_x_row(k) / 2;
   return launch_kernel(&kernels::split_rows_kernel, row_vector_grid(rows, kx / 8, sms), dim3(kRowVectorThreads), 0,
-                       stream, pdl, static_cast<const uint4*>(src), map, n_rows, rows, int(k), int(kx),
+                       stream, pdl, static_cast<const uint4*>(src), map, n_rows, rows, int(k), int(kx), late_trigger,
                        static_cast<uint4*>(dst));
 }
 
@@ -476,6 +477,8 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   p.y = a.y;
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   p.x_split = a.x_split ? int(split_x_row(l.k) / 128) : 0;
+  p.early_w = a.early_w;
+  p.one = kernels::OneToken{a.one_ids, a.one_pairs, a.experts, a.one_token_x, a.one_n_rows, a.one_row_of_pair};
   if (plan.bf16_wgmma) {
     // Natural order, rows k long (x_split: hi and lo chunks, split_x_row(k) long); both operands by TMA.
     CUtensorMap map, wmap;

@@ -67,6 +67,19 @@ struct GroupedPrefillArgs {
   DType act = DType::kBF16;
   bool pdl = false;  // the wgmma kernel launched with programmatic dependent launch (launch.h)
   bool x_split = false;  // BF16 experts: x is launch_split_rows' rows (FP16 activations as hi and lo), act BF16
+  // BF16 experts' wgmma kernel launched with PDL where every kernel that writes the schedule (n_tiles,
+  // tile_expert, tile_row) has completed before this launch may start (the gather before gate_up triggers
+  // after its wait; the activation before down starts only after gate_up, which never triggers early): the
+  // kernel then reads the schedule and requests its first stages' weights before griddepcontrol.wait.
+  bool early_w = false;
+  // BF16 experts' wgmma kernel, one token (kernels::OneToken): one_ids non-null: tile a is pair a (expert
+  // one_ids[a], output row a), X row 0 of x (one_token_x: gate_up, x the token's row) or row a (down); the
+  // launch with one_n_rows (gate_up) also writes the rows and each pair's row for the later launches.
+  const int32_t* one_ids = nullptr;
+  int one_pairs = 0;
+  bool one_token_x = false;
+  int* one_n_rows = nullptr;
+  int* one_row_of_pair = nullptr;
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 
@@ -80,13 +93,15 @@ dim3 row_vector_grid(int64_t max_rows, int64_t row_vecs, int sms);
 // Rows of X into lane order (kernels/lane_order.cuh): dst row r = src row map[r] (map null: row r) for
 // r < rows, or < *n_rows when n_rows is given (read on the device; rows then bounds it), permuted and
 // k_pad long; the grid is row_vector_grid(rows, ...); pdl: launched with programmatic dependent launch;
-// natural: the rows as they are (k_pad = k), a gather only.
+// natural: the rows as they are (k_pad = k), a gather only; late_trigger: the next kernel may launch only
+// after this one's griddepcontrol.wait (GroupedPrefillArgs::early_w).
 cudaError_t launch_lane_order(const void* src, const int* map, const int* n_rows, int64_t rows, Format f, int64_t k,
-                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural = false);
+                              int64_t k_pad, void* dst, int sms, cudaStream_t stream, bool pdl, bool natural = false,
+                              bool late_trigger = false);
 // The same gather for BF16 experts with FP16 activations (kernels/lane_order.cuh, split_rows_kernel): FP16
 // rows of k values into BF16 rows of split_x_row(k) values, each 64-K chunk's hi terms then its lo terms.
 cudaError_t launch_split_rows(const void* src, const int* map, const int* n_rows, int64_t rows, int64_t k, void* dst,
-                              int sms, cudaStream_t stream, bool pdl);
+                              int sms, cudaStream_t stream, bool pdl, bool late_trigger);
 // A split X row's length: two terms of k rounded up to 64 (the kernels' stage K).
 constexpr int64_t split_x_row(int64_t k) { return 2 * ((k + 63) / 64 * 64); }
 

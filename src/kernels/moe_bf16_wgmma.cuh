@@ -43,8 +43,8 @@ namespace fp4kit {
 namespace kernels {
 namespace bf16wgmma {
 
-using prefill::CtaOperands;
 using prefill::NarrowX;
+using prefill::PrefillGroup;
 using prefill::PrefillParams;
 
 constexpr int kThreads = prefill::kThreads;  // two consumer warpgroups + the producer warpgroup
@@ -90,10 +90,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_stages = p.x_split ? 2 * p.x_split : (p.k + kStageK - 1) / kStageK;
   int row_block, token_tile, split, splits, tail;
   cta_tile(p, row_block, token_tile, split, splits, tail);
-  CtaOperands<T> op;
-  griddep_wait();  // the schedule and X are the previous kernels' outputs
-  if (!cta_operands<T, BN, true>(p, token_tile, op)) return;  // uniform, before any barrier
-  const int width = layout::tile_width(BN, op.tok_end - op.tok_begin);
+  // The schedule: after griddepcontrol.wait, or before it where the launch says its writers are complete
+  // (p.early_w), read from L2 (the SM's L1 may hold lines of an earlier call's schedule). A one-token pass
+  // reads pair ids instead (tile a = pair a) and its gate_up's CTA 0 writes the rows and each pair's row.
+  if (!p.early_w) griddep_wait();
+  const PrefillGroup& grp = p.group;
+  const bool one = p.one.ids != nullptr;
+  if (one && p.one.n_rows && blockIdx.x == 0) write_one_token_schedule(p.one);
+  if (token_tile >= (one ? p.one.pairs : __ldcg(grp.n_tiles))) return;  // uniform, before any barrier
+  const int expert = one ? one_token_expert(p.one, __ldcg(p.one.ids + token_tile)) : __ldcg(grp.tile_expert + token_tile);
+  const int tok_begin = one ? token_tile : __ldcg(grp.tile_row + token_tile);
+  const int tok_end = one ? token_tile + 1 : __ldcg(grp.tile_row + token_tile + 1);
+  const int x_row = one && p.one.token_x ? 0 : tok_begin;  // X's first row (a one-token gate_up: the token's)
+  const int width = layout::tile_width(BN, tok_end - tok_begin);
   const int row0 = row_block * kRows;
 
   init_ring<S>(full_bar, empty_bar);
@@ -109,19 +118,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (lane != 0) return;
     const uint32_t bytes = uint32_t(kWBytes + width * 128);
-    for (int s = 0; s < n_stages; ++s) {
+    // early_w: the first ring's weights (which no kernel writes) are requested before the wait, X after it.
+    const int pre = p.early_w ? min(S, n_stages) : 0;
+    for (int s = 0; s < pre; ++s) {
+      const uint32_t bar = smem_u32(&full_bar[s]);
+      mbar_arrive_expect_tx(bar, bytes);  // a fresh slot: no empty wait
+      tma_load_w(ring + s * G::kStage, &tmap_w, w_stage(p, s) * kStageK, row0, expert, bar);
+    }
+    if (p.early_w) griddep_wait();  // X is the previous kernel's output
+    for (int s = 0; s < pre; ++s)
+      tma_load_x(ring + s * G::kStage + kWBytes, map, s * kStageK, x_row, smem_u32(&full_bar[s]));
+    for (int s = pre; s < n_stages; ++s) {
       const int slot = s % S;
       const uint32_t st = ring + slot * G::kStage, bar = smem_u32(&full_bar[slot]);
       mbar_wait(smem_u32(&empty_bar[slot]), ((s / S) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       mbar_arrive_expect_tx(bar, bytes);
-      tma_load_w(st, &tmap_w, w_stage(p, s) * kStageK, row0, op.expert, bar);
-      tma_load_x(st + kWBytes, map, s * kStageK, op.tok_begin, bar);
+      tma_load_w(st, &tmap_w, w_stage(p, s) * kStageK, row0, expert, bar);
+      tma_load_x(st + kWBytes, map, s * kStageK, x_row, bar);
     }
     return;
   }
 
   // ---- consumer warpgroups: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of the CTA's 128.
   setmaxnreg_inc<Regs<1>::kConsumer>();
+  if (p.early_w) griddep_wait();  // before this CTA writes Y (which an earlier kernel may read)
   const int wg = warp >> 2;
   float acc[G::kAcc];
 #pragma unroll
@@ -157,14 +177,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // issues no more), then 16-byte row segments to Y (n % 8 == 0: every segment whole and aligned).
   const int g = lane >> 2, t = lane & 3;
   uint8_t* tile = bf16w_smem + (ring - smem_u32(bf16w_smem));
-  const int rows = min(kRows, p.n - row0), toks = min(BN, op.tok_end - op.tok_begin);
+  const int rows = min(kRows, p.n - row0), toks = min(BN, tok_end - tok_begin);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
   consumer_sync();                                               // come before these generic writes
 #pragma unroll
+  const T* bias_row = grp.experts.bias_of<T>(expert, p.n);  // null without biases
   for (int h = 0; h < 2; ++h) {
     const int r = warp * 16 + g + 8 * h;
     if (r >= rows) continue;
-    const float bias = op.bias ? __bfloat162float(op.bias[row0 + r]) : 0.0f;
+    const float bias = bias_row ? __bfloat162float(bias_row[row0 + r]) : 0.0f;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -173,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             __float2bfloat16_rn(acc[4 * j + 2 * h + e] + bias);
   }
   consumer_sync();
-  store_staged_tile<G::kPitch, kConsumerThreads>(tile, static_cast<T*>(p.y), p.n, row0, rows, op.tok_begin, toks,
+  store_staged_tile<G::kPitch, kConsumerThreads>(tile, static_cast<T*>(p.y), p.n, row0, rows, tok_begin, toks,
                                                  threadIdx.x);
 #else
   __trap();  // built for another architecture: the plan never launches this

@@ -162,6 +162,10 @@ struct PrefillParams {
                                 // hi_1 | lo_1 | ...], x_split chunks of each, zero past k); the kernels run
                                 // 2 x_split stages, stages 2j and 2j + 1 over the weights' stage j (its
                                 // second copy an L2 hit). 0: X is BF16, rows k long
+  bool early_w;                 // BF16 experts' wgmma kernel: the schedule and the first stages' weights
+                                // before griddepcontrol.wait (GroupedPrefillArgs::early_w)
+  OneToken one;                 // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (the
+                                // entries are the pairs; decode_gemm.cuh), not the group's arrays
 };
 
 // BF16 experts' kernels: the weights' stage of stage s, and X's row length in elements. x = hi + lo exactly

@@ -851,6 +851,50 @@ TEST(moe_one_token_pass) {
   if (major < 9) std::printf("  [note] moe_one_token_pass: compute capability %d: no clusters, so the align step runs\n", major);
 }
 
+// BF16 experts' one-token pass (the wgmma kernel, BF16 activations): no align or gather launch, the pair ids
+// are the schedule and gate_up reads x's row itself. The gpt-oss shape on 4 experts (interleaved, biases),
+// a duplicate id, ids out of range, and concatenated rows with top-1 and top-8 on a small shape: each
+// against the reference and bit for bit against the same call through the align schedule (the pass off).
+// FP16 activations keep the gather (their X is split), so no pass. Hopper with sm_90a code only.
+TEST(moe_bf16_one_token_pass) {
+  if (!detail::prefill_runs_here()) {
+    std::printf("  [skip] moe_bf16_one_token_pass: the wgmma kernel runs on Hopper with sm_90a code only\n");
+    return;
+  }
+  Case big = gpt_oss_case();
+  big.bf16 = true;
+  big.T = 1;
+  big.E = 4;
+  big.one_token_twin = true;
+  Case dup = big;
+  dup.routing = Case::kOneExpert;  // slot j -> expert j, then slot 3 -> expert 1 again
+  dup.bad = {{3, 1}};
+  Case bad = big;
+  bad.bad = {{0, 4}, {2, -3}};
+  Case top1;
+  top1.bf16 = true;
+  top1.top_k = 1;
+  top1.bias = true;
+  top1.one_token_twin = true;
+  Case top8 = top1;
+  top8.top_k = 8;
+  top8.E = 12;
+  top8.act = MoEActivation::kSwigluOAI;
+  Case f16 = big;
+  f16.f16 = true;
+  f16.one_token_twin = false;
+  f16.tol = 1e-2;
+  struct Want { Case c; bool one; };
+  for (const Want& w : {Want{big, true}, Want{dup, true}, Want{bad, true}, Want{top1, true}, Want{top8, true},
+                        Want{f16, false}}) {
+    int gu = -1, dn = -1;
+    bool one = false;
+    CHECK_OK(detail::moe_decode_clusters(case_args(w.c), &gu, &dn, nullptr, &one));
+    CHECK_MSG(one == w.one, "k=" << w.c.top_k << (w.c.f16 ? " fp16" : "") << ": one-token pass " << one);
+    check_case(w.c);
+  }
+}
+
 // The cluster rule on the gpt-oss shape at T = 1 and 2 (H200 figures), with cluster mode on and off
 // (detail::set_moe_clusters, what FP4KIT_MOE_CLUSTERS=0 does): at T = 1 gate_up in pairs with the
 // activation in its reduction and down in threes; at T = 2 stream-K for both (gate_up: one row group per
