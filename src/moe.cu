@@ -356,8 +356,7 @@ struct MoEPlan {
   bool early_w = false;  // BF16 experts' wgmma GEMMs: weights before the wait (GroupedPrefillArgs::early_w)
   int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
-  bool act_in_gate_up = false;  // gate_up applies the activation (FP4 decode path: its cluster reduction;
-                                // BF16 experts' one-token pass: its epilogue); no activation launch
+  bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
   bool one_token = false;  // T = 1, FP4 decode path in cluster mode or BF16 experts' wgmma kernel: no align
                            // launch (kernels::OneToken; moe_one_token)
   int64_t pass_tokens() const { return tc ? kMoETensorCorePassTokens : bf16 ? kMoEBF16PassTokens : kMoEDecodePassTokens; }
@@ -382,13 +381,6 @@ bool moe_mma_forced() {
 // FP4KIT_MOE_BF16_EARLY_W=0 turns it off.
 bool moe_bf16_early_w() {
   static const bool env = env_not_zero("FP4KIT_MOE_BF16_EARLY_W");
-  return env;
-}
-
-// BF16 experts' one-token gate_up with the activation in its epilogue (MoEPlan::act_in_gate_up):
-// FP4KIT_MOE_BF16_FUSED_ACT=0 turns it off.
-bool moe_bf16_fused_act() {
-  static const bool env = env_not_zero("FP4KIT_MOE_BF16_FUSED_ACT");
   return env;
 }
 
@@ -500,10 +492,6 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // One token (BF16 activations): the pairs are the schedule, as on the FP4 decode path: no align launch,
     // and gate_up reads the token's row of x itself (no gather launch).
     p.one_token = p.bf16 && p.wgmma && a.tokens == 1 && !p.split_x && moe_one_token();
-    // ... whose gate_up over interleaved gate/up rows also applies the activation (no activation launch;
-    // FP4KIT_MOE_BF16_FUSED_ACT=0 turns it off). At T = 1 the epilogue is a few rows; at large T the same
-    // move cost the FP4 kernel tensor-core time one for one (docs/moe-notes.md), so only here.
-    p.act_in_gate_up = p.one_token && a.layout == GateUpLayout::kInterleaved && moe_bf16_fused_act();
   } else if (p.bf16) {
     const int n_tiles = bf16_n_tiles(a.tokens);
     FP4KIT_RETURN_IF_ERROR(plan_bf16(p.max_active, a.gate_up.n, a.gate_up.k, n_tiles, false, &p.bgu));
@@ -720,7 +708,7 @@ Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_
   const bool decode = !plan.tc && !plan.bf16;
   *gate_up = decode ? plan.gu.cluster : 0;
   *down = decode ? plan.dn.cluster : 0;
-  if (act_in_gate_up) *act_in_gate_up = plan.act_in_gate_up;
+  if (act_in_gate_up) *act_in_gate_up = decode && plan.act_in_gate_up;
   if (one_token) *one_token = plan.one_token;
   return Status::Ok();
 }
@@ -845,7 +833,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
 
   // Tensor-core path: one grouped prefill GEMM over the pass's `rows` sorted rows.
   auto launch_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
-                       void* y, bool x_split, bool early_w, const kernels::OneToken* one, void* act_out) {
+                       void* y, bool x_split, bool early_w, const kernels::OneToken* one) {
     detail::GroupedPrefillArgs g;
     g.x = x;
     g.y = y;
@@ -862,11 +850,6 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.pdl = plan.pdl;
     g.x_split = x_split;
     g.early_w = early_w;
-    g.act_out = act_out;  // BF16 one-token gate_up: the activations instead of y
-    g.act_len = int(plan.a_len);
-    g.act_kind = a.activation;
-    g.alpha = a.alpha;
-    g.limit = a.limit;
     if (one) {
       g.one_ids = one->ids;
       g.one_pairs = one->pairs;
@@ -912,10 +895,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       // One token, BF16 experts: gate_up reads x's row itself and writes the schedule for the activation and
       // combine; it reads the pair ids after its wait (they may be the previous kernel's output), down
       // before its own (gate_up, complete by then, waited for their writer).
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, x, 1, h, false, false, &gu_one,
-                                       plan.act_in_gate_up ? act : nullptr));
-      if (!plan.act_in_gate_up) launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, &dn_one, nullptr));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, x, 1, h, false, false, &gu_one));
+      launch_activation(pairs);
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, &dn_one));
       launch_combine(t0, tokens, y);
       continue;
     }
@@ -928,9 +910,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       else
         detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
                                   plan.sms, stream, plan.pdl, /*natural=*/plan.natural(), plan.early_w);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x, plan.early_w, nullptr, nullptr));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x, plan.early_w, nullptr));
       launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, nullptr, nullptr));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, nullptr));
       launch_combine(t0, tokens, y);
       continue;
     }

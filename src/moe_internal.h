@@ -7,8 +7,8 @@ namespace detail {
 
 // The cluster sizes of the decode path's two grouped GEMMs for these arguments (moe.cu, plan_grouped):
 // 0 where a GEMM runs stream-K (or the call takes another path), else the CTAs per cluster; and (if
-// act_in_gate_up is not null) whether gate_up applies the activation (no activation launch): the decode
-// path's cluster reduction, or BF16 experts' one-token gate_up epilogue.
+// act_in_gate_up is not null) whether gate_up's cluster reduction applies the activation (no activation
+// launch).
 // If one_token is not null: whether the call is a one-token pass without the align launch (moe.cu,
 // kernels::OneToken; the FP4 decode path in cluster mode, or BF16 experts' wgmma kernel).
 Status moe_decode_clusters(const MoEArgs& a, int* gate_up, int* down, bool* act_in_gate_up = nullptr,

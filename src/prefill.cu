@@ -479,11 +479,6 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   p.x_split = a.x_split ? int(split_x_row(l.k) / 128) : 0;
   p.early_w = a.early_w;
   p.one = kernels::OneToken{a.one_ids, a.one_pairs, a.experts, a.one_token_x, a.one_n_rows, a.one_row_of_pair};
-  p.act_out = a.act_out;
-  p.act_len = a.act_len;
-  p.act = int(a.act_kind);
-  p.act_alpha = a.alpha;
-  p.act_limit = a.limit;
   if (plan.bf16_wgmma) {
     // Natural order, rows k long (x_split: hi and lo chunks, split_x_row(k) long); both operands by TMA.
     CUtensorMap map, wmap;

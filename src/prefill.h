@@ -80,13 +80,6 @@ struct GroupedPrefillArgs {
   bool one_token_x = false;
   int* one_n_rows = nullptr;
   int* one_row_of_pair = nullptr;
-  // BF16 experts' wgmma gate_up over interleaved gate/up rows (2i gate, 2i + 1 up): act_out non-null: the
-  // epilogue rounds each gate/up value to BF16 (bias added) as Y would hold it, then writes act(gate, up)
-  // rounded to BF16 to act_out [rows, act_len] (the activation kernel's bits: kernels::activate), not Y.
-  void* act_out = nullptr;
-  int act_len = 0;
-  MoEActivation act_kind = MoEActivation::kSiluAndMul;
-  float alpha = 0.0f, limit = 0.0f;
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 

@@ -37,7 +37,6 @@
 //   - Rows of X past the tile's end belong to the next expert (or are TMA zero fill): computed, never
 //     written. Weight rows past n are zero fill.
 #pragma once
-#include "kernels/moe_activation.cuh"  // activate
 #include "kernels/prefill_gemm_sm90.cuh"  // PrefillParams, cta_tile, cta_operands, the PTX wrappers
 
 namespace fp4kit {
@@ -195,31 +194,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             __float2bfloat16_rn(acc[4 * j + 2 * h + e] + bias);
   }
   consumer_sync();
-  if (p.act_out) {
-    // The activation of the tile's 64 gate/up pairs (rows 2i, 2i + 1): per thread one token's 8 pairs, from
-    // the staged BF16 values (so the same bits as the activation kernel reading Y), 16 bytes out. n = 2I
-    // with I % 8 == 0 (the BF16 experts' rule for down's K): 16-row groups are whole or past n.
-    const MoEActivation kind = MoEActivation(p.act);
-    for (int c = threadIdx.x; c < toks * (kRows / 16); c += kConsumerThreads) {
-      const int tk = c / (kRows / 16), r = (c % (kRows / 16)) * 16;
-      if (r >= rows) continue;
-      const uint4* src = reinterpret_cast<const uint4*>(tile + tk * G::kPitch + r * 2);
-      const uint4 v[2] = {src[0], src[1]};
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(v);
-      uint32_t out[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[2 * j]));
-        const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[2 * j + 1]));
-        const __nv_bfloat162 o = __floats2bfloat162_rn(activate(a.x, a.y, kind, p.act_alpha, p.act_limit),
-                                                       activate(b.x, b.y, kind, p.act_alpha, p.act_limit));
-        out[j] = *reinterpret_cast<const uint32_t*>(&o);
-      }
-      *reinterpret_cast<uint4*>(static_cast<T*>(p.act_out) + int64_t(tok_begin + tk) * p.act_len + row0 / 2 + r / 2) =
-          make_uint4(out[0], out[1], out[2], out[3]);
-    }
-    return;
-  }
   store_staged_tile<G::kPitch, kConsumerThreads>(tile, static_cast<T*>(p.y), p.n, row0, rows, tok_begin, toks,
                                                  threadIdx.x);
 #else

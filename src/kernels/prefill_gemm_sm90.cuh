@@ -166,9 +166,6 @@ struct PrefillParams {
                                 // before griddepcontrol.wait (GroupedPrefillArgs::early_w)
   OneToken one;                 // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (the
                                 // entries are the pairs; decode_gemm.cuh), not the group's arrays
-  void* act_out;                // BF16 experts' wgmma gate_up over interleaved gate/up rows: non-null: the
-  int act_len, act;             // epilogue writes act(gate, up) (MoEActivation act, act_alpha, act_limit)
-  float act_alpha, act_limit;   // to act_out [rows, act_len] instead of Y (GroupedPrefillArgs::act_out)
 };
 
 // BF16 experts' kernels: the weights' stage of stage s, and X's row length in elements. x = hi + lo exactly
