@@ -4,7 +4,8 @@
 // Contract
 //   The contract of moe_bf16_mma.cuh (the sm_80 kernel it replaces where this build carries sm_90a code):
 //   CTA b takes the tile prefill::cta_tile(b) gives, 128 weight rows of one expert e x that token tile's
-//   sorted rows (cta_operands: CTAs past the routing's last tile leave at once), and computes
+//   sorted rows (the schedule's tile_expert and tile_row; CTAs past the routing's last tile leave at once;
+//   a one-token pass, p.one: tile a is pair a, expert ids[a], row a, X row 0 for gate_up), and computes
 //     Y[r, n0 : n0 + 128] = X[r, :] @ W_e[n0 : n0 + 128, :]^T (+ bias[e, n0 : n0 + 128])
 //   W_e plain row-major [n, k] BF16 at base + e * stride, X [rows, k] and Y [rows, n] BF16 in sorted row
 //   order, fp32 accumulation, the bias added in fp32, one rounding. Whole K per CTA, deterministic. Needs
@@ -18,6 +19,10 @@
 //   and BN / 4 tokens, tmap_w over the experts {k, n, experts} with boxes {64, 128, 1}; all BF16 with the
 //   128-byte swizzle, zero out-of-bounds fill (prefill.cu, launch_prefill_grouped). Rows >= n and rows past
 //   the tile's are never written. The body exists for sm_90a only; elsewhere it traps.
+//   PDL: the kernel never lets its dependents launch before it ends (moe.cu relies on it: see early_w).
+//   p.early_w: the launch guarantees that the schedule (or a one-token pass's ids) is complete when the
+//   kernel starts, so it is read before griddepcontrol.wait, with the first ring of weights requested; X
+//   is requested and Y written after the wait.
 //
 // Why it is shaped this way
 //   - The FP4 prefill kernel's frame (prefill_gemm_sm90.cuh: producer warpgroup, two consumer warpgroups of
@@ -36,6 +41,9 @@
 //     as the FP4 grouped kernel does); the weights' box is the same.
 //   - Rows of X past the tile's end belong to the next expert (or are TMA zero fill): computed, never
 //     written. Weight rows past n are zero fill.
+//   - The first ring before the wait (early_w): a decode-sized call is a chain of launches, and each GEMM's
+//     first weight request used to wait for the kernel before it; 2-4% at T <= 64 (docs/moe-notes.md).
+//     Cutting the tiles' stages evenly over one CTA per SM (stream-K) measured slower (T = 1 +9%).
 #pragma once
 #include "kernels/prefill_gemm_sm90.cuh"  // PrefillParams, cta_tile, cta_operands, the PTX wrappers
 
