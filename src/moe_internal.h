@@ -24,9 +24,9 @@ Status moe_gemm_kernel(const MoEArgs& a, const char** kernel);
 // calls it affects.
 void set_moe_clusters(int on);
 
-// One-token passes (moe.cu, MoEPlan::one_token: the FP4 decode path, BF16 experts' wgmma kernel): 0 never (the align step always runs), 1
-// by the rule, -1 as the environment says (FP4KIT_MOE_ONE_TOKEN=0 turns it off; default on). Not
-// thread-safe: set it before the calls it affects.
+// One-token passes (moe.cu, MoEPlan::one_token: the FP4 decode path, BF16 experts' wgmma kernel): 0 never
+// (the align step always runs), 1 by the rule, -1 as the environment says (FP4KIT_MOE_ONE_TOKEN=0 turns it
+// off; default on). Not thread-safe: set it before the calls it affects.
 void set_moe_one_token(int on);
 
 // The tensor-core path's kernel (moe.cu, choose_tensor_core): 1 the mma.sync kernel on every device (so a

@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rows = min(kRows, p.n - row0), toks = min(BN, tok_end - tok_begin);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
   consumer_sync();                                               // come before these generic writes
-#pragma unroll
   const T* bias_row = grp.experts.bias_of<T>(expert, p.n);  // null without biases
+#pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = warp * 16 + g + 8 * h;
     if (r >= rows) continue;
