@@ -235,8 +235,8 @@ def build_model(cfg: Config, variant: str = "bf16", device="cpu", seed: int = 0)
     if variant not in VARIANTS:
         raise ValueError(f"variant: must be one of {', '.join(VARIANTS)} (got {variant!r})")
     if cfg.experts and variant == "bf16":
-        raise NotImplementedError(f"variant: {cfg.name} has MoE blocks, and fp4kit's MoE layer has FP4 experts only "
-                                  "(use nvfp4 or mxfp4)")
+        raise NotImplementedError(f"variant: {cfg.name} has MoE blocks, which this benchmark builds with FP4 experts "
+                                  "only (use nvfp4 or mxfp4)")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -513,8 +513,8 @@ def run(models: Sequence[str] = ("llama-3.1-8b",), variants: Sequence[str] = VAR
             log(f"note: {name} at {cfg.layers} of its {PRESETS[name].layers} layers, the same depth for every variant")
         for variant in variants:
             if cfg.experts and variant == "bf16":
-                skip(cfg, variant, None, "MoE blocks: fp4kit's MoE layer has FP4 experts only, so there is no BF16 "
-                     "baseline for this model here")
+                skip(cfg, variant, None, "MoE blocks: this benchmark builds them with FP4 experts only, so there is no "
+                     "BF16 baseline for this model here")
                 continue
             if dev.type == "cuda":
                 _free(dev)
