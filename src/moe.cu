@@ -833,7 +833,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
 
   // Tensor-core path: one grouped prefill GEMM over the pass's `rows` sorted rows.
   auto launch_tc = [&](const detail::GroupedPrefillPlan& tp, const ExpertWeights& w, const void* x, int rows,
-                       void* y, bool x_split, bool early_w, const kernels::OneToken* one) {
+                       void* y, bool x_split, bool early_w, const kernels::OneToken& one) {
     detail::GroupedPrefillArgs g;
     g.x = x;
     g.y = y;
@@ -850,13 +850,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.pdl = plan.pdl;
     g.x_split = x_split;
     g.early_w = early_w;
-    if (one) {
-      g.one_ids = one->ids;
-      g.one_pairs = one->pairs;
-      g.one_token_x = one->token_x;
-      g.one_n_rows = one->n_rows;
-      g.one_row_of_pair = one->row_of_pair;
-    }
+    g.one = one;
     return detail::launch_prefill_grouped(tp, g, stream);
   };
 
@@ -891,28 +885,21 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
       detail::launch_kernel(&moe_align_kernel, dim3(1), dim3(kAlignThreads), E * sizeof(int), stream, plan.pdl, ids,
                             pairs, a.top_k, E, plan.block_rows, b, counters, n_counters);
     }
-    if (plan.tc && plan.one_token) {
-      // One token, BF16 experts: gate_up reads x's row itself and writes the schedule for the activation and
-      // combine; it reads the pair ids after its wait (they may be the previous kernel's output), down
-      // before its own (gate_up, complete by then, waited for their writer).
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, x, 1, h, false, false, &gu_one));
-      launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, &dn_one));
-      launch_combine(t0, tokens, y);
-      continue;
-    }
     if (plan.tc) {
       // X gathered into sorted rows (and lane order for wgmma) where the down GEMM's output goes later (o,
-      // dead until then).
-      if (plan.split_x)
+      // dead until then). A one-token pass (BF16 experts) has no gather: gate_up reads x's row itself, and
+      // the pair ids after its wait (they may be the previous kernel's output); down reads them before its
+      // own (gate_up, complete by then, waited for their writer).
+      if (plan.split_x)  // (no one-token pass: its X must be split)
         detail::launch_split_rows(x, b.token_of_row, b.offset + E, pairs, a.hidden, o, plan.sms, stream, plan.pdl,
                                   plan.early_w);
-      else
+      else if (!plan.one_token)
         detail::launch_lane_order(x, b.token_of_row, b.offset + E, pairs, a.gate_up.format, a.hidden, plan.x_len, o,
                                   plan.sms, stream, plan.pdl, /*natural=*/plan.natural(), plan.early_w);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, o, pairs, h, plan.split_x, plan.early_w, nullptr));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tgu, a.gate_up, plan.one_token ? x : o, plan.one_token ? 1 : pairs, h,
+                                       plan.split_x, plan.early_w && !plan.one_token, gu_one));
       launch_activation(pairs);
-      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, nullptr));
+      FP4KIT_RETURN_IF_ERROR(launch_tc(plan.tdn, a.down, act, pairs, o, false, plan.early_w, dn_one));
       launch_combine(t0, tokens, y);
       continue;
     }

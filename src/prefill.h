@@ -10,6 +10,7 @@
 #include "fp4kit/gemm.h"
 #include "fp4kit/status.h"
 #include "gemm_internal.h"
+#include "kernels/one_token.h"
 
 namespace fp4kit {
 namespace detail {
@@ -72,14 +73,9 @@ struct GroupedPrefillArgs {
   // after its wait; the activation before down starts only after gate_up, which never triggers early): the
   // kernel then reads the schedule and requests its first stages' weights before griddepcontrol.wait.
   bool early_w = false;
-  // BF16 experts' wgmma kernel, one token (kernels::OneToken): one_ids non-null: tile a is pair a (expert
-  // one_ids[a], output row a), X row 0 of x (one_token_x: gate_up, x the token's row) or row a (down); the
-  // launch with one_n_rows (gate_up) also writes the rows and each pair's row for the later launches.
-  const int32_t* one_ids = nullptr;
-  int one_pairs = 0;
-  bool one_token_x = false;
-  int* one_n_rows = nullptr;
-  int* one_row_of_pair = nullptr;
+  // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (kernels/one_token.h; for gate_up, x is
+  // the token's row).
+  kernels::OneToken one;
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 

@@ -43,6 +43,7 @@
 #include "fp4kit/repack.h"
 #include "kernels/decode_layout.h"
 #include "kernels/moe_activation.cuh"
+#include "kernels/one_token.h"
 #include "kernels/pdl.cuh"
 #include "kernels/stream_k.h"
 
@@ -81,21 +82,7 @@ __device__ __forceinline__ bool routed(const int32_t* ids, int i, int top_k, int
   return true;
 }
 
-// One-token passes (moe.cu, where both grouped GEMMs run in cluster mode): the schedule is the pair ids
-// themselves, and no align launch runs. Entry a is pair a = slot a of the token's top_k (= pairs): expert
-// ids[a] (expert 0 where the id is outside [0, experts): its row is computed and never read, since the
-// combine makes a bad pair's token NaN), output row a, X row 0 (gate_up: the token) or a (down: pair a's
-// activations). A token's top-k ids are distinct experts, so every touched expert's weights are still read
-// once. CTA 0 of the launch that has n_rows (gate_up) also writes what the align step writes for the
-// launches after it: the rows (*n_rows = pairs) and each pair's row (a, or -1 where not routed). Cluster
-// mode uses no arrival counters. The stream-K grouped kernels do not read this (their code is as before).
-struct OneToken {
-  const int32_t* ids;  // null: the schedule comes from the align step
-  int pairs, experts;
-  bool token_x;        // every entry reads X row 0 (gate_up), else row a (down)
-  int* n_rows;
-  int* row_of_pair;
-};
+// One-token passes: kernels/one_token.h.
 // Whether this launch runs a one-token pass (cluster mode, sm_90 only: compiled out below).
 __device__ __forceinline__ bool one_token_pass(const OneToken& o) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -1,0 +1,28 @@
+// one_token.h: the schedule of a one-token pass (host and device; the kernels that read it include it, and
+// so does prefill.h, whose launch arguments carry it).
+//
+// One-token passes (moe.cu, MoEPlan::one_token: the decode path where both grouped GEMMs run in cluster
+// mode, and BF16 experts' wgmma kernel): the schedule is the pair ids themselves, and no align launch runs.
+// Entry a is pair a = slot a of the token's top_k (= pairs): expert ids[a] (expert 0 where the id is outside
+// [0, experts): its row is computed and never read, since the combine makes a bad pair's token NaN), output
+// row a, X row 0 (gate_up: the token) or a (down: pair a's activations). A token's top-k ids are distinct
+// experts, so every touched expert's weights are still read once. CTA 0 of the launch that has n_rows
+// (gate_up) also writes what the align step writes for the launches after it: the rows (*n_rows = pairs)
+// and each pair's row (a, or -1 where not routed). Cluster mode uses no arrival counters. The stream-K
+// grouped decode kernels do not read this (their code is as before).
+#pragma once
+#include <cstdint>
+
+namespace fp4kit {
+namespace kernels {
+
+struct OneToken {
+  const int32_t* ids = nullptr;  // null: the schedule comes from the align step
+  int pairs = 0, experts = 0;
+  bool token_x = false;          // every entry reads X row 0 (gate_up), else row a (down)
+  int* n_rows = nullptr;
+  int* row_of_pair = nullptr;
+};
+
+}  // namespace kernels
+}  // namespace fp4kit
