@@ -75,7 +75,7 @@ struct GroupedPrefillArgs {
   bool early_w = false;
   // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (kernels/one_token.h; for gate_up, x is
   // the token's row).
-  kernels::OneToken one;
+  kernels::OneToken one{};
 };
 Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefillArgs& a, cudaStream_t stream);
 

@@ -16,12 +16,14 @@
 namespace fp4kit {
 namespace kernels {
 
+// A trivial type (no member initialisers: as a member of the kernels' by-value parameters, a non-trivial
+// one cost the sm_80 decode kernels 8-16 bytes of stack and spills each); value-initialise it (`{}`).
 struct OneToken {
-  const int32_t* ids = nullptr;  // null: the schedule comes from the align step
-  int pairs = 0, experts = 0;
-  bool token_x = false;          // every entry reads X row 0 (gate_up), else row a (down)
-  int* n_rows = nullptr;
-  int* row_of_pair = nullptr;
+  const int32_t* ids;  // null: the schedule comes from the align step
+  int pairs, experts;
+  bool token_x;        // every entry reads X row 0 (gate_up), else row a (down)
+  int* n_rows;
+  int* row_of_pair;
 };
 
 }  // namespace kernels
