@@ -354,6 +354,9 @@ struct MoEPlan {
   int sms = 0;
   bool pdl = false;  // launches use programmatic dependent launch (launch.h)
   bool early_w = false;  // BF16 experts' wgmma GEMMs: weights before the wait (GroupedPrefillArgs::early_w)
+  bool early_trigger = false;  // ... and their dependents launched after it (GroupedPrefillArgs::early_trigger)
+  bool early_down = false;     // FP4 one-token pass: down's ids and first weights before its wait
+                               // (kernels::OneToken::early_ids)
   int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
@@ -381,6 +384,20 @@ bool moe_mma_forced() {
 // FP4KIT_MOE_BF16_EARLY_W=0 turns it off.
 bool moe_bf16_early_w() {
   static const bool env = env_not_zero("FP4KIT_MOE_BF16_EARLY_W");
+  return env;
+}
+
+// FP4 one-token passes with down's first weights before its wait (MoEPlan::early_down):
+// FP4KIT_MOE_EARLY_DOWN=0 turns it off.
+bool moe_early_down() {
+  static const bool env = env_not_zero("FP4KIT_MOE_EARLY_DOWN");
+  return env;
+}
+
+// BF16 experts' wgmma GEMMs letting their dependents launch after their wait (MoEPlan::early_trigger):
+// FP4KIT_MOE_BF16_EARLY_TRIGGER=0 turns it off.
+bool moe_bf16_early_trigger() {
+  static const bool env = env_not_zero("FP4KIT_MOE_BF16_EARLY_TRIGGER");
   return env;
 }
 
@@ -489,6 +506,12 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // A/B, five models, T = 1-2048 (docs/moe-notes.md): 2-4% faster at T <= 64; at 128-token tiles (T =
     // 2048) +0.7-2.9%, inside the rounds' spread but all one way, so those keep the wait first.
     p.early_w = p.pdl && p.bf16 && p.wgmma && bn == 64 && moe_bf16_early_w();
+    // With early_w, gate_up and down also let their dependents launch once their wait has returned (the
+    // activation kernel, then down, which reads the schedule early, onto the SMs gate_up's last wave leaves
+    // idle). Same-run A/B, five models, T = 1-64 (docs/moe-notes.md): 0.5-5% faster where down's K is at
+    // most 2880; Mixtral-8x7B at T = 1 (down: K = 14336, 64 tiles of 3.7 MB, one CTA each) 3.4% slower in
+    // both rounds, so long-K downs keep the trigger at the end.
+    p.early_trigger = p.early_w && a.down.k <= 4096 && moe_bf16_early_trigger();
     // One token (BF16 activations): the pairs are the schedule, as on the FP4 decode path: no align launch,
     // and gate_up reads the token's row of x itself (no gather launch).
     p.one_token = p.bf16 && p.wgmma && a.tokens == 1 && !p.split_x && moe_one_token();
@@ -515,6 +538,10 @@ Status make_moe_plan(const MoEArgs& a, MoEPlan* out) {
     // the align schedule: the one-token branch measured 1-2% slower at T = 2-16 in their entry code);
     // gate_up writes what the later launches read from the align step (kernels::OneToken).
     p.one_token = a.tokens == 1 && p.gu.cluster > 0 && p.dn.cluster > 0 && moe_one_token();
+    // In the one-token pass gate_up lets down launch only after its own wait, so down reads the ids and
+    // requests its first weights before its wait (kernels::OneToken): gpt-oss-120b and -20b at T = 1
+    // 3.5-4.4% faster, same-run A/B (docs/moe-notes.md).
+    p.early_down = p.one_token && p.pdl && moe_early_down();
   }
   const size_t ints = align_ints(a.num_experts, p.pairs);
   size_t off = 0;
@@ -850,6 +877,7 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     g.pdl = plan.pdl;
     g.x_split = x_split;
     g.early_w = early_w;
+    g.early_trigger = plan.early_trigger;
     g.one = one;
     return detail::launch_prefill_grouped(tp, g, stream);
   };
@@ -865,8 +893,9 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     // activation row), and gate_up writes the rows and each pair's row.
     kernels::OneToken gu_one{}, dn_one{};
     if (plan.one_token) {  // no align launch
-      gu_one = kernels::OneToken{ids, pairs, E, true, b.offset + E, b.row_of_pair};
-      dn_one = kernels::OneToken{ids, pairs, E, false, nullptr, nullptr};
+      const bool early = plan.early_down;
+      gu_one = kernels::OneToken{ids, pairs, E, true, b.offset + E, b.row_of_pair, early, false};
+      dn_one = kernels::OneToken{ids, pairs, E, false, nullptr, nullptr, false, early};
     } else if (route_in_align) {
       const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
       const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));

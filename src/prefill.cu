@@ -478,6 +478,7 @@ Status launch_prefill_grouped(const GroupedPrefillPlan& plan, const GroupedPrefi
   p.group = pk::PrefillGroup{a.n_tiles, a.tile_expert, a.tile_row, kernels::expert_stack(a.base, a.stride, a.bias, l)};
   p.x_split = a.x_split ? int(split_x_row(l.k) / 128) : 0;
   p.early_w = a.early_w;
+  p.early_trigger = a.early_trigger;
   p.one = a.one;
   if (plan.bf16_wgmma) {
     // Natural order, rows k long (x_split: hi and lo chunks, split_x_row(k) long); both operands by TMA.

@@ -70,9 +70,12 @@ struct GroupedPrefillArgs {
   bool x_split = false;  // BF16 experts: x is launch_split_rows' rows (FP16 activations as hi and lo), act BF16
   // BF16 experts' wgmma kernel launched with PDL where every kernel that writes the schedule (n_tiles,
   // tile_expert, tile_row) has completed before this launch may start (the gather before gate_up triggers
-  // after its wait; the activation before down starts only after gate_up, which never triggers early): the
+  // after its wait; the activation before down starts only after gate_up has passed its own wait): the
   // kernel then reads the schedule and requests its first stages' weights before griddepcontrol.wait.
   bool early_w = false;
+  // BF16 experts' wgmma kernel: its dependents may launch once its griddepcontrol.wait has returned (the
+  // schedule's writers are then complete, which the next wgmma launch's early_w needs), not only at its end.
+  bool early_trigger = false;
   // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (kernels/one_token.h; for gate_up, x is
   // the token's row).
   kernels::OneToken one{};

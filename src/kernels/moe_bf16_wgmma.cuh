@@ -19,7 +19,8 @@
 //   and BN / 4 tokens, tmap_w over the experts {k, n, experts} with boxes {64, 128, 1}; all BF16 with the
 //   128-byte swizzle, zero out-of-bounds fill (prefill.cu, launch_prefill_grouped). Rows >= n and rows past
 //   the tile's are never written. The body exists for sm_90a only; elsewhere it traps.
-//   PDL: the kernel never lets its dependents launch before it ends (moe.cu relies on it: see early_w).
+//   PDL: the kernel lets its dependents launch only after its griddepcontrol.wait has returned
+//   (p.early_trigger), else only when it ends (moe.cu relies on either: see early_w).
 //   p.early_w: the launch guarantees that the schedule (or a one-token pass's ids) is complete when the
 //   kernel starts, so it is read before griddepcontrol.wait, with the first ring of weights requested; X
 //   is requested and Y written after the wait.
@@ -150,6 +151,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumer warpgroups: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of the CTA's 128.
   setmaxnreg_inc<Regs<1>::kConsumer>();
   if (p.early_w) griddep_wait();  // before this CTA writes Y (which an earlier kernel may read)
+  // early_trigger: past the wait, the kernels after this one may launch (the activation kernel, then down
+  // onto SMs this grid leaves idle in its last wave); the schedule and ids they read early are complete.
+  if (p.early_trigger) griddep_launch_dependents();
   const int wg = warp >> 2;
   float acc[G::kAcc];
 #pragma unroll

@@ -164,6 +164,7 @@ struct PrefillParams {
                                 // second copy an L2 hit). 0: X is BF16, rows k long
   bool early_w;                 // BF16 experts' wgmma kernel: the schedule and the first stages' weights
                                 // before griddepcontrol.wait (GroupedPrefillArgs::early_w)
+  bool early_trigger;           // BF16 experts' wgmma kernel: dependents may launch once the wait returned
   OneToken one;                 // BF16 experts' wgmma kernel: one.ids non-null: a one-token pass (the
                                 // entries are the pairs; decode_gemm.cuh), not the group's arrays
 };
