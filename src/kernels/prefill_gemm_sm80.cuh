@@ -215,7 +215,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_mma_kernel(const PrefillP
           s_lo[r] = dup_lo(s2);
           s_hi[r] = dup_hi(s2);
         }
-        const int u0 = (int(layout::lane_kbase(F, c, t)) & (kStageK - 1)) >> 3;  // this lane's first X unit
+        // This lane's first X unit: lane_kbase of the chunk's place in the stage (a stage's 128 K hold its
+        // chunks whole; of c itself, MXFP4 paid a signed 64-bit division per chunk).
+        const int u0 = int(layout::lane_kbase(F, i, t)) >> 3;
 #pragma unroll
         for (int sp = 0; sp < 2; ++sp) {  // steps 2 sp, 2 sp + 1: one 16-byte X load per column tile
           uint4 xv[WT];
