@@ -22,6 +22,14 @@ constexpr double kBnOverhead = 125.0, kBnOverheadB2 = 100.0, kRampSlices = 3.0, 
 // p256_w8_s3_k8 (64 tiles x 2 splits) 4.6% slower than p128_w8_s5 (128 whole-K tiles, one wave), which the
 // flat charge ranked the other way.
 double split_slices(const KernelConfig& c) { return kSplitSlices * std::max(1, c.n_tiles / 16); }  // 16 tiles: 128 tokens
+// Four or more splits of a two-CTA entry's narrow tiles (m <= 32 on BN = 64, where a slice is cheap): the last
+// arrival sums every partial from the workspace, which the flat charge underprices there. Measured
+// (docs/prefill-notes.md, "Dispatch at m = 9-32 against every config"): Llama-3.3-70B down at m = 9-32 ran
+// p64_w8_s4_b2_k8 (4 splits) 4-9% slower than p64_w8_s8_k8 (2 splits), which the flat charge ranked the
+// other way, while 3-split plans of the same entry measured on the model (Llama-70B qkv). So
+// kSplitExtraNarrowB2 slices per split past three: on the sweep of four models at m = 9 / 16 / 32, 1.5-4 make
+// every prefill pick the fastest prefill config; on 132 SMs it moves only Llama-70B down's picks at m = 9-32.
+constexpr double kSplitExtraNarrowB2 = 2.0;
 // A split schedule replaces whole K only where the model makes it >= 3% faster: smaller modelled gains
 // are inside the model's error (docs/prefill-notes.md) and would trade a known plan for a workspace.
 constexpr double kSplitMinGain = 0.97;
@@ -63,12 +71,14 @@ PrefillSchedule prefill_schedule(const KernelConfig& c, int64_t m, int64_t n, in
   const int64_t tiles = prefill_tiles(c, m, n), slices = k_slices(k);
   PrefillSchedule best;  // s = 1: ceil(tiles / sms) whole-K waves
   best.slice_times = double(cdiv(tiles, sms)) * (double(slices) + kRampSlices);
+  const bool narrow_b2 = c.min_blocks == 2 && prefill_width(c, m) < 8 * c.n_tiles;
   for (int s = 2; s <= c.max_splits && s <= slices; ++s)
     for (int64_t w = 0; w * sms < tiles; ++w) {  // tail = tiles - w sms > 0
       const int64_t tail = tiles - w * sms;
       if (tail * s > 2 * int64_t(sms)) continue;
+      const double split = split_slices(c) + (narrow_b2 && s > 3 ? kSplitExtraNarrowB2 * (s - 3) : 0.0);
       const double cost = double(w) * (double(slices) + kRampSlices) +
-                          double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + split_slices(c));
+                          double(cdiv(tail * s, sms)) * (double(cdiv(slices, s)) + kRampSlices + split);
       // Against whole K the margin; among splits the cheapest (ties: fewer splits, then fewer whole waves).
       if (best.splits == 1 ? cost < best.slice_times * kSplitMinGain : cost < best.slice_times) best = {s, tail, cost};
     }

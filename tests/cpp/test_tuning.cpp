@@ -216,7 +216,12 @@ TEST(analytic_default_split_k) {
   CHECK_EQ(pick_config(32, 8192, 8192), id_of("p64_w8_s8_k8"));    // 64 tiles x 2 splits
   CHECK_EQ(pick_config(17, 4096, 14336), id_of("p64_w8_s8_k8"));   // 32 tiles x 4 splits
   CHECK_EQ(pick_config(32, 1280, 8192), id_of("p64_w8_s8_k8"));    // 10 tiles x 8 splits
-  CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s4_b2_k8"));  // 64 tiles x 4 splits, two CTAs per SM
+  // Llama-70B down: 64 tiles x 2 splits, not x 4 splits on two CTAs per SM (4-9% slower at m = 9-32 on the
+  // H200: kSplitExtraNarrowB2).
+  CHECK_EQ(pick_config(32, 8192, 28672), id_of("p64_w8_s8_k8"));
+  CHECK_EQ(pick_config(9, 8192, 28672), id_of("p64_w8_s8_k8"));
+  CHECK_EQ(pick_config(16, 8192, 28672, nullptr, 9, 0, Format::kMXFP4), id_of("p64_w8_s8_k8"));
+  CHECK_EQ(prefill_schedule(*find_config(id_of("p64_w8_s8_k8")), 32, 8192, 28672, 132).splits, 2);
   CHECK_EQ(pick_config(32, 10240, 8192), id_of("p64_w8_s4_b2_k8"));  // 80 tiles x 3 splits, m64n32
   CHECK_EQ(pick_config(32, 28672, 4096), id_of("p64_w8_s4_b2"));  // 224 tiles: one wave of two CTAs per SM
   CHECK_EQ(pick_config(32, 8192, 1024), id_of("p64_w8_s8"));       // K = 1024: 64 whole-K tiles
