@@ -7,6 +7,8 @@
     tools/report.py bench/results/e2e_*.json [--summary] [--readme README.md]              (python -m fp4kit.e2e)
     tools/report.py bench/results/quality*.json [--summary] [--readme README.md]           (python -m fp4kit.quality)
     tools/report.py --merge bench/results/e2e_llama70b.json bench/results/e2e_llama70b-*.json   (join e2e steps)
+    tools/report.py --dispatch-check bench/results/cfg_*.json   (--config all sweeps: dispatch's pick against the
+                                                                  fastest config; exit 1 past issue 5's 5%)
 
 fp4kit-bench runs that time the prefill kernel (the llama70b-prefill suite, m up to 16384) get a decode + prefill
 layout in the perf-table (best decode config, best prefill config and dispatch's pick per layer, format and m; the
@@ -83,6 +85,38 @@ def best_by_kernel(d):
 
 # The prefill work's targets (speedup of what dispatch picks over cuBLAS BF16, per format over the layers).
 TARGETS = [([256], 1.10, 1.0), ([1024, 4096, 8192], 0.95, 0.9)]
+
+
+# Issue 5's dispatch rule: what gemm() picks is never more than 5% slower than the fastest config timed.
+DISPATCH_TOLERANCE = 1.05
+
+
+def dispatch_check(runs, tolerance=DISPATCH_TOLERANCE):
+    """(text, worst ratio) over `fp4kit-bench --config all` sweeps: per (model, layer, format, m) timed with two or
+    more configs, dispatch's pick against the fastest config; rows past `tolerance` are marked MISS. Points where
+    the pick was not timed (another run) are listed as such and count as misses."""
+    lines, worst = [], 1.0
+    for d in runs:
+        best = {}
+        for r in d["all_rows"]:
+            best.setdefault((r["model"], r["layer"], r["format"], r["m"]), []).append(r)
+        pts = {kk: rs for kk, rs in best.items() if len({r["config"] for r in rs}) >= 2}
+        lines.append(f"# {Path(d['_path']).name}: commit {d['commit']}, {len(pts)} points with >= 2 configs "
+                     f"(dispatch's pick against the fastest)")
+        for kk, rs in sorted(pts.items()):
+            fast = min(rs, key=lambda r: r["us"])
+            pick = [r for r in rs if r.get("dispatch")]
+            if not pick:
+                lines.append(f"{kk[0]:18s} {kk[1]:8s} {kk[2]:6s} m={kk[3]:<6d} pick not timed           MISS")
+                worst = max(worst, float("inf"))
+                continue
+            ratio = pick[0]["us"] / fast["us"]
+            worst = max(worst, ratio)
+            mark = "MISS" if ratio > tolerance else ""
+            lines.append(f"{kk[0]:18s} {kk[1]:8s} {kk[2]:6s} m={kk[3]:<6d} {pick[0]['config']:24s} {pick[0]['us']:9.1f} "
+                         f"fastest {fast['config']:24s} {fast['us']:9.1f} {100 * (ratio - 1):+6.1f}% {mark}")
+    lines.append(f"worst: {100 * (worst - 1):+.1f}% (rule: <= {100 * (tolerance - 1):.0f}%)")
+    return "\n".join(lines), worst
 
 
 def prefill_summary(d):
@@ -425,6 +459,9 @@ def main():
     ap.add_argument("--readme")
     ap.add_argument("--plot")
     ap.add_argument("--merge", metavar="OUT", help="join fp4kit.e2e reports (the steps of one large run) into OUT")
+    ap.add_argument("--dispatch-check", action="store_true",
+                    help="fp4kit-bench --config all sweeps: dispatch's pick against the fastest config per point; "
+                         "exit status 1 where one is more than 5%% slower")
     a = ap.parse_args()
     if a.merge:
         t = _tables()
@@ -434,6 +471,10 @@ def main():
               f"{len(a.json)} report(s)")
         return
     runs = load(a.json)
+    if a.dispatch_check:
+        text, worst = dispatch_check([d for d in runs if d.get("tool") == "fp4kit-bench"])
+        print(text)
+        sys.exit(1 if worst > DISPATCH_TOLERANCE else 0)
     other = [d for d in runs if d.get("tool") in ("fp4kit.e2e", "fp4kit.quality")]
     moe = [d for d in runs if d.get("tool") == "fp4kit-bench-moe"]
     runs = [d for d in runs if d.get("tool") not in ("fp4kit-bench-moe", "fp4kit.e2e", "fp4kit.quality")]

@@ -122,3 +122,29 @@ def test_sm80_runs_go_to_their_own_readme_table(tmp_path):
     text = readme.read_text()
     assert "HOPPER" in text and "OLD" not in text
     assert "the sm_80-89 path (dispatch as on a cc 8.x device" in text and "| **average** | | nvfp4 | dispatch |" in text
+
+
+def _sweep(tmp_path, pick_us):
+    """A --config all sweep of one point: dispatch's pick at pick_us against a fastest config at 40 us."""
+    rows = [_row("down", "nvfp4", 16, "p64_w8_s4_b2_k8", "prefill", pick_us, 100.0, True),
+            _row("down", "nvfp4", 16, "p64_w8_s8_k8", "prefill", 40.0, 100.0, False),
+            _row("down", "nvfp4", 16, "m16_r1_w8_b2_c8x2", "decode", 50.0, 100.0, False)]
+    path = tmp_path / f"cfg_{pick_us}.json"
+    path.write_text(json.dumps({"tool": "fp4kit-bench", "device": "NVIDIA H200", "sms": 132, "commit": "abc1234",
+                                "date": "2026-01-01T00:00:00Z", "suite": "llama70b", "rows": rows}))
+    return path
+
+
+def test_dispatch_check(tmp_path):
+    rep = _report()
+    text, worst = rep.dispatch_check(rep.load([_sweep(tmp_path, 43.6)]))
+    assert abs(worst - 43.6 / 40.0) < 1e-9 and "MISS" in text and "+9.0%" in text
+    text, worst = rep.dispatch_check(rep.load([_sweep(tmp_path, 41.0)]))
+    assert worst <= rep.DISPATCH_TOLERANCE and "MISS" not in text
+    # The command's exit status: 1 past the 5% rule, 0 within it.
+    bad = subprocess.run([sys.executable, str(REPORT), "--dispatch-check", str(_sweep(tmp_path, 43.6))],
+                         capture_output=True, text=True)
+    good = subprocess.run([sys.executable, str(REPORT), "--dispatch-check", str(_sweep(tmp_path, 41.0))],
+                          capture_output=True, text=True)
+    assert bad.returncode == 1 and "worst: +9.0%" in bad.stdout
+    assert good.returncode == 0, good.stdout + good.stderr
