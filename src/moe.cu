@@ -356,7 +356,7 @@ struct MoEPlan {
   bool early_w = false;  // BF16 experts' wgmma GEMMs: weights before the wait (GroupedPrefillArgs::early_w)
   bool early_trigger = false;  // ... and their dependents launched after it (GroupedPrefillArgs::early_trigger)
   bool early_down = false;     // FP4 one-token pass: down's ids and first weights before its wait
-                               // (kernels::OneToken::early_ids)
+                               // (kernels::OneToken::early_down)
   int block_rows = 0;      // rows per schedule entry: the grouped GEMMs' token tiles (0: one per expert)
   int max_entries = 0;     // schedule entries a pass can need
   bool act_in_gate_up = false;  // FP4 decode path: gate_up's cluster reduction applies the activation
@@ -893,9 +893,8 @@ Status fused_moe(const MoEArgs& a, cudaStream_t stream) {
     // activation row), and gate_up writes the rows and each pair's row.
     kernels::OneToken gu_one{}, dn_one{};
     if (plan.one_token) {  // no align launch
-      const bool early = plan.early_down;
-      gu_one = kernels::OneToken{ids, pairs, E, true, b.offset + E, b.row_of_pair, early, false};
-      dn_one = kernels::OneToken{ids, pairs, E, false, nullptr, nullptr, false, early};
+      gu_one = kernels::OneToken{ids, pairs, E, true, b.offset + E, b.row_of_pair, plan.early_down};
+      dn_one = kernels::OneToken{ids, pairs, E, false, nullptr, nullptr, plan.early_down};
     } else if (route_in_align) {
       const kernels::RouteParams rp = kernels::route_params(a.routing, tokens, E, a.top_k, route_ids, route_w);
       const dim3 block(unsigned(32 * kernels::route_align_warps(tokens)));

@@ -97,10 +97,10 @@ def dispatch_check(runs, tolerance=DISPATCH_TOLERANCE):
     the pick was not timed (another run) are listed as such and count as misses."""
     lines, worst = [], 1.0
     for d in runs:
-        best = {}
+        by_point = {}
         for r in d["all_rows"]:
-            best.setdefault((r["model"], r["layer"], r["format"], r["m"]), []).append(r)
-        pts = {kk: rs for kk, rs in best.items() if len({r["config"] for r in rs}) >= 2}
+            by_point.setdefault((r["model"], r["layer"], r["format"], r["m"]), []).append(r)
+        pts = {kk: rs for kk, rs in by_point.items() if len({r["config"] for r in rs}) >= 2}
         lines.append(f"# {Path(d['_path']).name}: commit {d['commit']}, {len(pts)} points with >= 2 configs "
                      f"(dispatch's pick against the fastest)")
         for kk, rs in sorted(pts.items()):
@@ -108,7 +108,7 @@ def dispatch_check(runs, tolerance=DISPATCH_TOLERANCE):
             pick = [r for r in rs if r.get("dispatch")]
             if not pick:
                 lines.append(f"{kk[0]:18s} {kk[1]:8s} {kk[2]:6s} m={kk[3]:<6d} pick not timed           MISS")
-                worst = max(worst, float("inf"))
+                worst = float("inf")
                 continue
             ratio = pick[0]["us"] / fast["us"]
             worst = max(worst, ratio)

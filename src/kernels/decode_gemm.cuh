@@ -872,7 +872,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
   int64_t units, G, u_begin, u_end;
   Entry cluster_entry{};  // grouped cluster mode: the one segment's entry, loaded with the entry count
   if constexpr (kCluster) {  // one segment: this CTA's K slices of its cluster's row group (above)
-    const bool late_trigger = kGrouped && one_token_pass(p.grouped.one) && p.grouped.one.late_trigger;
+    // One-token passes with early_down (OneToken): gate_up (n_rows set) triggers after its wait, down reads
+    // the ids before its own.
+    const bool early = kGrouped && one_token_pass(p.grouped.one) && p.grouped.one.early_down;
+    const bool late_trigger = early && p.grouped.one.n_rows, early_ids = early && !p.grouped.one.n_rows;
     if (!late_trigger) griddep_launch_dependents();
     units = p.units;
     G = gridDim.x;
@@ -884,10 +887,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       // groups leave, all their CTAs together (c is the cluster's), before any cluster barrier. The
       // entry is loaded with the entry count (the schedule's arrays hold the grid's most entries + 1, so
       // the loads are in bounds; a leaving cluster's values go unused): one round trip, not two.
-      // A one-token down with early_ids reads the ids before its wait (OneToken): its first weights are
-      // then requested before it too (the main loop's first stage, below).
+      // A one-token down with early_down reads the ids before its wait: its first weights are then
+      // requested before it too (the main loop's first stage, below).
       const int a = c / p.row_groups;
-      if (!(one_token_pass(p.grouped.one) && p.grouped.one.early_ids)) griddep_wait();
+      if (!early_ids) griddep_wait();
       const int n_active = entries_issued(p.grouped);
       cluster_entry = load_entry_issued(p.grouped, a);
       if (late_trigger) griddep_launch_dependents();

@@ -32,9 +32,7 @@ namespace kernels {
 // moe_bf16_wgmma.cuh, PrefillParams::early_w).
 __global__ void lane_order_kernel(const uint32_t* src, const int* map, const int* n_rows, int64_t rows, Format f,
                                   int k, int k_pad, bool natural, bool late_trigger, uint4* dst) {
-  if (!late_trigger) griddep_launch_dependents();
-  griddep_wait();
-  if (late_trigger) griddep_launch_dependents();
+  griddep_trigger_and_wait(late_trigger);
   if (n_rows) rows = *n_rows;
   const int pairs = k / 2, vecs = k_pad / 8;  // pairs of a source row, 16-byte vectors of a destination row
   const int v = blockIdx.y * blockDim.x + threadIdx.x;
@@ -58,9 +56,7 @@ __global__ void lane_order_kernel(const uint32_t* src, const int* map, const int
 // lane_order_kernel's; grid y covers the kx / 8 source vectors.
 __global__ void split_rows_kernel(const uint4* src, const int* map, const int* n_rows, int64_t rows, int k, int kx,
                                   bool late_trigger, uint4* dst) {
-  if (!late_trigger) griddep_launch_dependents();
-  griddep_wait();
-  if (late_trigger) griddep_launch_dependents();
+  griddep_trigger_and_wait(late_trigger);
   if (n_rows) rows = *n_rows;
   const int vecs = kx / 8, src_vecs = k / 8;  // k % 8 == 0 (the BF16 experts' rule)
   const int v = blockIdx.y * blockDim.x + threadIdx.x;

@@ -24,12 +24,11 @@ struct OneToken {
   bool token_x;        // every entry reads X row 0 (gate_up), else row a (down)
   int* n_rows;
   int* row_of_pair;
-  // FP4 decode path (cluster mode), both set or neither: gate_up lets its dependents launch only after its
-  // own griddepcontrol.wait (late_trigger), so when down starts the ids' writer is complete and down reads
-  // them, and requests its first weights, before its wait (early_ids): down's weights then stream on the
-  // SMs gate_up's last CTAs leave, while those CTAs still reduce.
-  bool late_trigger;
-  bool early_ids;
+  // FP4 decode path (cluster mode), set on both launches or neither: gate_up (the launch with n_rows) lets its
+  // dependents launch only after its own griddepcontrol.wait, so when down starts the ids' writer is
+  // complete and down reads them, and requests its first weights, before its wait: down's weights then
+  // stream on the SMs gate_up's last CTAs leave, while those CTAs still reduce.
+  bool early_down;
 };
 
 }  // namespace kernels

@@ -20,6 +20,14 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// The dependents may launch before this kernel's wait, or (late) only once it has returned: every kernel
+// before this one is then complete when a dependent starts, so the dependent may read those kernels'
+// outputs before its own wait (moe.cu: BF16 experts' early_w, kernels::OneToken::early_down).
+__device__ __forceinline__ void griddep_trigger_and_wait(bool late) {
+  if (!late) griddep_launch_dependents();
+  griddep_wait();
+  if (late) griddep_launch_dependents();
+}
 
 }  // namespace kernels
 }  // namespace fp4kit
