@@ -460,10 +460,17 @@ __device__ __forceinline__ void stage_x(T* xs, const DecodeParams& p, int j, int
 
 // kStopAtEnd: the stage may hold chunks past c_end that are not zero (the bulk kernel's stale shared
 // memory), so stop there; the register ring's loads zero them instead (load_stage) and run in full.
-template <Format F, typename T, int NT, int RW, int CH, bool kStopAtEnd = false>
-__device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
+// Refill (kRefill, the one-stage ring: Skew below): once chunk i of row tile r has been dequantised, its
+// registers take the same chunk of the next stage (chunks c0 + CH .., every one inside the segment: the
+// caller checks), so the next stage streams in while this one is multiplied, in the registers of one stage.
+template <int RW, int CH> struct Refill {
+  const uint4* src[RW];  // this lane's record of the next stage's first chunk, per row tile
+  uint64_t pol;
+};
+template <Format F, typename T, int NT, int RW, int CH, bool kStopAtEnd = false, bool kRefill = false>
+__device__ __forceinline__ void compute_stage(Stage<RW, CH>& st, const Scales<F, T> (&sc)[RW],
                                               const T* xs, const DecodeParams& p, int c0, int c_end, int g,
-                                              int t, float (&acc)[RW][NT][4]) {
+                                              int t, float (&acc)[RW][NT][4], const Refill<RW, CH>* next = nullptr) {
   // c0 is a multiple of CH (a segment's stages start at a slice start, and CH divides a slice's chunks), so
   // chunk c0 + i sits at cc0 + i in its slice, with cc0 = 0 at CH = 8 (every default): the chunk's scale
   // select and X offset are then constants. Lane t's K in the slice is lane_kbase of that place (a slice's
@@ -505,6 +512,7 @@ __device__ __forceinline__ void compute_stage(const Stage<RW, CH>& st, const Sca
           Act<T>::mma(acc[r][nt], a, xw[(s & 1) * 2], xw[(s & 1) * 2 + 1]);
         }
       }
+      if constexpr (kRefill) st.w[r][i] = ld_stream(next->src[r] + i * 32, next->pol);
     }
   }
 }
@@ -854,6 +862,12 @@ template <Format F, typename T, int NT, int RW, int WARPS, int MINB, int CH, int
           bool kCluster = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const DecodeParams p) {
   static_assert(layout::kChunksPerMacro % CH == 0, "a stage must not straddle two K slices");
+  // Skew: a one-stage ring refilled chunk by chunk (compute_stage, Refill), so a warp's next stage is in
+  // flight while it multiplies this one, at the registers of one stage. Only the grouped cluster kernel
+  // (the MoE's one-token passes): there it measured 0.3-2.7% faster (gpt-oss at T = 1); on dense layers
+  // and the grouped stream-K kernels 2-8% slower (the eight loads of a slice issued back to back stream
+  // better; docs/decode-gemm-notes.md).
+  constexpr bool kSkew = D == 1 && kGrouped && kCluster;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const uint64_t pol = evict_first_policy();
@@ -937,10 +951,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
     Stage<RW, CH> ring[D];
 #pragma unroll
     for (int d = 0; d + 1 < D; ++d) load_stage<RW, CH>(ring[d], q, rt, c_begin + d * CH, c_end, lane, pol);
+    if constexpr (kSkew) load_stage<RW, CH>(ring[0], q, rt, c_begin, c_end, lane, pol);
     if (seg == 0) {
-      // Weights and scales are nobody's output: they are requested above (D = 1: the first stage into
-      // L2) before waiting for the previous kernel, whose X and workspace come next.
-      if constexpr (D == 1)
+      // Weights and scales are nobody's output: they are requested above (D = 1 without skew: the first
+      // stage into L2) before waiting for the previous kernel, whose X and workspace come next.
+      if constexpr (D == 1 && !kSkew)
         if (p.pdl) prefetch_stage_l2<RW, CH>(q, rt, c_begin, c_end, lane);
       griddep_wait();
     }
@@ -951,7 +966,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
       for (int d = 0; d < D; ++d) {
         const int cs = base + d * CH;
         if (cs >= c_end) break;
-        load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
+        if constexpr (!kSkew) load_stage<RW, CH>(ring[(d + D - 1) % D], q, rt, cs + (D - 1) * CH, c_end, lane, pol);
         const int j = cs / layout::kChunksPerMacro;
         if ((cs & (layout::kChunksPerMacro - 1)) == 0) {
           // Slice j starts: its X is complete and visible; every warp is done with slice j-1, whose
@@ -979,6 +994,23 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) decode_gemm_kernel(const Dec
 #pragma unroll
             for (int i = 0; i < CH; ++i) h ^= ring[d].w[r][i].x ^ ring[d].w[r][i].y ^ ring[d].w[r][i].z ^ ring[d].w[r][i].w;
           acc[0][0][0] += __uint_as_float(h & 0x3FFFFFFFu);
+          if constexpr (kSkew)
+            if (cs + CH < c_end) load_stage<RW, CH>(ring[0], q, rt, cs + CH, c_end, lane, pol);
+        } else if constexpr (kSkew) {
+          // The next stage, where it is whole, refills the ring chunk by chunk while this one is multiplied;
+          // a next stage cut short by K (the segment's last, at most) loads after it, zero-filled.
+          const int cn = cs + CH;
+          if (cn + CH <= c_end) {
+            Refill<RW, CH> next;
+            next.pol = pol;
+#pragma unroll
+            for (int r = 0; r < RW; ++r) next.src[r] = lane_records(q, rt[r], cn, lane);
+            compute_stage<F, T, NT, RW, CH, false, true>(ring[0], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t,
+                                                         acc, &next);
+          } else {
+            compute_stage<F, T, NT, RW, CH>(ring[0], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
+            if (cn < c_end) load_stage<RW, CH>(ring[0], q, rt, cn, c_end, lane, pol);
+          }
         } else {
           compute_stage<F, T, NT, RW, CH>(ring[d], sc, x_smem + (j & 1) * kXBuf, q, cs, c_end, g, t, acc);
         }
