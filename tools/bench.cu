@@ -6,8 +6,9 @@
 //                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
 //                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off] [--ceiling on|off]
 //                [--rounds N]
-//   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms)
-//   are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
+//   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms,
+//   re-timed beside each format's configs in the same rounds, so both run under the same thermal and power
+//   history) are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
 //   L2, so every call streams cold weights), median over N >= 100 replays, per-call time = replay / calls;
 //   calls whose graph takes over 2 ms (large m) get fewer replays (about 0.15 s of them, at least 5) and
 //   graphs of fewer calls (at least 2): each row records its replays and calls per graph. Eager per-call
@@ -346,7 +347,8 @@ int main(int argc, char** argv) {
                  "weight copies (> 2x L2), median of %d replays; "
                  "where a graph takes over 2 ms (large m) fewer calls (>= 2) and replays for about %.0f ms (>= 5), one "
                  "warm-up: each row's replays, graph_calls, eager_iters (cublas_replays, cublas_graph_calls) say; "
-                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank)\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"as_cc\": %d,\n%s  \"rows\": [\n%s\n  ]\n}\n",
+                 "cuBLASLt best of heuristic top-8, picked after the same warm-up (cublas_algo: its rank), then timed beside "
+                 "each row's configs in the same rounds (first in forward rounds, last in reverse ones; the median)\",\n  \"copy_ceiling_tbps\": 4.25,\n  \"as_cc\": %d,\n%s  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), prop.multiProcessorCount, l2, json_escape(opt["commit"]).c_str(),
                  date.c_str(), json_escape(opt["suite"]).c_str(), complete ? "true" : "false", kWarmMs, replays, kBudgetMs,
                  cc, ceilings.str().c_str(), rows.str().c_str());
@@ -377,8 +379,9 @@ int main(int argc, char** argv) {
     }
     std::map<int64_t, Measured> cublas;
     std::map<int64_t, int> cublas_algo;  // the pick's rank in the heuristic's list (0: its first)
+    std::map<int64_t, Lt::Plan> cublas_plans;
     for (int64_t m : ms) {
-      auto plan = lt.plan(m, n, k, bf16 ? CUDA_R_16BF : CUDA_R_16F);
+      const Lt::Plan& plan = cublas_plans[m] = lt.plan(m, n, k, bf16 ? CUDA_R_16BF : CUDA_R_16F);
       if (plan.algos.empty()) {
         std::fprintf(stderr, "fp4kit-bench: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld\n", (long long)m,
                      (long long)n, (long long)k);
@@ -486,7 +489,19 @@ int main(int argc, char** argv) {
       }
       int best_cfg = picked;
       double best_us = 1e30;
-      const Measured& cb = cublas[m];
+      // cuBLAS is timed again in the same rounds as the configs, first in the forward rounds and last in the
+      // reverse ones, and its time is the median of those: the two libraries then run under the same thermal
+      // and power history. (Under a sustained load the H200 reaches its power limit on large calls and the
+      // SM clock drops, the more the longer it has run: a cuBLAS time taken seconds before the configs'
+      // differed by up to ~13% from one taken beside them; docs/decode-gemm-notes.md.)
+      Measured cb = cublas[m];
+      std::vector<double> cb_times;
+      auto time_cublas = [&] {
+        const Lt::Plan& plan = cublas_plans[m];
+        const int ai = cublas_algo[m];
+        cb_times.push_back(
+            measure(s, copies16, replays, [&](int i) { lt.run(plan, ai, w16[size_t(i % copies16)], x, y, s); }, false).us);
+      };
       // Every config's plan and workspace first; then `rounds` timing rounds over all of them, each in the
       // reverse order of the one before, so that no config always runs first or after the same neighbour
       // (single passes in one order ranked configs within ~5% of each other either way); a config's time is
@@ -508,7 +523,8 @@ int main(int argc, char** argv) {
       };
       std::vector<Measured> first(nc);
       std::vector<std::vector<double>> times(nc);
-      for (int rd = 0; rd < rounds; ++rd)
+      for (int rd = 0; rd < rounds; ++rd) {
+        if (rd % 2 == 0) time_cublas();
         for (size_t o = 0; o < nc; ++o) {
           const size_t ci = rd % 2 ? nc - 1 - o : o;
           const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, wp[size_t(i % copies)]); },
@@ -516,6 +532,9 @@ int main(int argc, char** argv) {
           if (rd == 0) first[ci] = r;
           times[ci].push_back(r.us);
         }
+        if (rd % 2 == 1) time_cublas();
+      }
+      cb.us = median(cb_times);
       for (size_t ci = 0; ci < nc; ++ci) {
         const int cfg = cfgs[ci];
         const KernelConfig& kc = *find_config(cfg);
