@@ -377,11 +377,20 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&w16[size_t(c)], wbytes16));
       fill16(w16[size_t(c)], size_t(n * k), 100u + c, bf16);
     }
-    std::map<int64_t, Measured> cublas;
-    std::map<int64_t, int> cublas_algo;  // the pick's rank in the heuristic's list (0: its first)
-    std::map<int64_t, Lt::Plan> cublas_plans;
+    // Per m: cuBLASLt's plan and the algorithm picked (algo: its rank in the heuristic's list, 0 its first).
+    // Its time is taken beside the FP4 rows (below), with time_cublas.
+    struct CublasPick {
+      Lt::Plan plan;
+      int algo = 0;
+    };
+    std::map<int64_t, CublasPick> cublas;
+    auto time_cublas = [&](int64_t m) {
+      const CublasPick& c = cublas[m];
+      return measure(s, copies16, replays, [&](int i) { lt.run(c.plan, c.algo, w16[size_t(i % copies16)], x, y, s); },
+                     false);
+    };
     for (int64_t m : ms) {
-      const Lt::Plan& plan = cublas_plans[m] = lt.plan(m, n, k, bf16 ? CUDA_R_16BF : CUDA_R_16F);
+      const Lt::Plan& plan = cublas[m].plan = lt.plan(m, n, k, bf16 ? CUDA_R_16BF : CUDA_R_16F);
       if (plan.algos.empty()) {
         std::fprintf(stderr, "fp4kit-bench: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld\n", (long long)m,
                      (long long)n, (long long)k);
@@ -400,9 +409,7 @@ int main(int argc, char** argv) {
                                        sel < 20 ? 1 : 3);
         if (t < best) { best = t; best_ai = ai; }
       }
-      cublas[m] = measure(s, copies16, replays, [&](int i) { lt.run(plan, best_ai, w16[size_t(i % copies16)], x, y, s); },
-                          false);
-      cublas_algo[m] = best_ai;
+      cublas[m].algo = best_ai;
     }
 
     for (const std::string& fname : split(opt["formats"])) {
@@ -431,7 +438,7 @@ int main(int argc, char** argv) {
           read_stream_kernel<<<sms * 8, 256, 0, s>>>(static_cast<const uint4*>(wp[size_t(i % copies)]), n16, sink);
         });
         const double tbps = double(l.total_bytes) / (r.us * 1e-6) / 1e12;
-        const double cb1 = cublas.count(1) ? cublas[1].us : 0.0;
+        const double cb1 = cublas.count(1) ? time_cublas(1).us : 0.0;
         std::printf("read ceiling %-18s %-8s %-6s %.1f MB: %.1f us (%.2f TB/s)%s\n", sh.model.c_str(), sh.layer.c_str(),
                     fname.c_str(), l.total_bytes / 1e6, r.us, tbps,
                     cb1 > 0 ? (", cuBLAS m=1 / read: " + std::to_string(cb1 / r.us).substr(0, 4) + "x").c_str() : "");
@@ -494,13 +501,12 @@ int main(int argc, char** argv) {
       // and power history. (Under a sustained load the H200 reaches its power limit on large calls and the
       // SM clock drops, the more the longer it has been busy: cuBLAS's time for one call moved by up to ~17%
       // with it, Llama-3.3-70B qkv at m = 256 71.6 and 83.7 us in two runs; docs/prefill-notes.md.)
-      Measured cb = cublas[m];
+      Measured cb;  // its first round's counts, the median of its rounds' times
       std::vector<double> cb_times;
-      auto time_cublas = [&] {
-        const Lt::Plan& plan = cublas_plans[m];
-        const int ai = cublas_algo[m];
-        cb_times.push_back(
-            measure(s, copies16, replays, [&](int i) { lt.run(plan, ai, w16[size_t(i % copies16)], x, y, s); }, false).us);
+      auto cublas_round = [&] {
+        const Measured r = time_cublas(m);
+        if (cb_times.empty()) cb = r;
+        cb_times.push_back(r.us);
       };
       // Every config's plan and workspace first; then `rounds` timing rounds over all of them, each in the
       // reverse order of the one before, so that no config always runs first or after the same neighbour
@@ -524,7 +530,7 @@ int main(int argc, char** argv) {
       std::vector<Measured> first(nc);
       std::vector<std::vector<double>> times(nc);
       for (int rd = 0; rd < rounds; ++rd) {
-        if (rd % 2 == 0) time_cublas();
+        if (rd % 2 == 0) cublas_round();
         for (size_t o = 0; o < nc; ++o) {
           const size_t ci = rd % 2 ? nc - 1 - o : o;
           const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, wp[size_t(i % copies)]); },
@@ -532,7 +538,7 @@ int main(int argc, char** argv) {
           if (rd == 0) first[ci] = r;
           times[ci].push_back(r.us);
         }
-        if (rd % 2 == 1) time_cublas();
+        if (rd % 2 == 1) cublas_round();
       }
       cb.us = median(cb_times);
       for (size_t ci = 0; ci < nc; ++ci) {
@@ -565,7 +571,7 @@ int main(int argc, char** argv) {
              << "\", \"dispatch\": " << (cfg == picked ? "true" : "false") << ", \"grid\": " << plan.grid
              << ", \"splits\": " << plan.splits << ", \"split_tiles\": " << plan.split_tiles
              << ", \"workspace_bytes\": " << wsb << ", \"us\": " << us
-             << ", \"eager_us\": " << r.eager_us << ", \"cublas_us\": " << cb.us << ", \"cublas_algo\": " << cublas_algo[m]
+             << ", \"eager_us\": " << r.eager_us << ", \"cublas_us\": " << cb.us << ", \"cublas_algo\": " << cublas[m].algo
              << ", \"speedup\": " << speedup
              << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
              << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
