@@ -5,7 +5,7 @@
 //   fp4kit-bench [--suite llama70b|llama70b-prefill|llama8b|tp8|gptoss|all] [--m 1,2,4,...]
 //                [--formats nvfp4,mxfp4] [--act bf16|fp16] [--config ID|all] [--json PATH] [--commit SHA]
 //                [--replays N] [--tune PATH] [--layer NAME] [--compare auto|on|off] [--ceiling on|off]
-//                [--rounds N]
+//                [--rounds N] [--energy on|off]
 //   For every (shape, m): fp4kit (each format) and cuBLASLt BF16 (best of its heuristic's top algorithms,
 //   re-timed beside each format's configs in the same rounds, so both run under the same thermal and power
 //   history) are timed the same way: a CUDA graph of several calls over rotating weight copies (together > 2x the
@@ -30,6 +30,10 @@
 //   a pure read of each prepacked weight (read_stream_kernel: what streaming those bytes costs with
 //   nothing else to do), and with m = 1 in the list cuBLAS's m = 1 time over that read: the most any
 //   kernel streaming the weights once could gain over cuBLAS there.
+//   --energy on also runs dispatch's pick and cuBLAS back to back, ~1 s each in the order cuBLAS, fp4kit,
+//   fp4kit, cuBLAS (power_probe.cuh), and adds to the pick's row what NVML saw, the mean of the two runs:
+//   energy_mj per call, watts, sm_mhz and capped (share of samples at the software power cap), and the
+//   same with a cublas_ prefix. Under the board's power limit the time per call follows the energy per call.
 //   JSON: {device, commit, date, l2_bytes, sms, method, [empty_kernel_us, read_ceiling: [...]], rows: [...]}.
 //
 //   fp4kit-tune --out PATH [--suite ...] [--m LIST] [--formats LIST] [--act bf16|fp16] [--layer NAME]
@@ -61,6 +65,7 @@
 #include "fp4kit/repack.h"
 #include "fp4kit/tuning.h"
 #include "bench_common.cuh"
+#include "power_probe.cuh"
 
 using namespace fp4kit;
 
@@ -179,6 +184,16 @@ struct Lt {
 
 }  // namespace
 
+// --energy on: the pick's row fields (power_probe.cuh), fp4kit's then cuBLAS's.
+std::string energy_fields(const Sustained& f, const Sustained& c) {
+  std::ostringstream o;
+  o << ", \"energy_mj\": " << f.mj << ", \"watts\": " << f.watts << ", \"sm_mhz\": " << f.mhz << ", \"capped\": "
+    << f.capped << ", \"sustained_us\": " << f.us << ", \"cublas_energy_mj\": " << c.mj << ", \"cublas_watts\": "
+    << c.watts << ", \"cublas_sm_mhz\": " << c.mhz << ", \"cublas_capped\": " << c.capped
+    << ", \"cublas_sustained_us\": " << c.us;
+  return o.str();
+}
+
 // The progress line of a sweep: "[#####     ] done/total what", redrawn in place on a terminal, one line
 // per step otherwise (logs).
 void progress(int done, int total, const std::string& what) {
@@ -196,7 +211,8 @@ int main(int argc, char** argv) {
                                             {"formats", "nvfp4,mxfp4"}, {"act", "bf16"}, {"config", "-1"},
                                             {"json", ""}, {"commit", "unknown"}, {"replays", "100"},
                                             {"tune", ""}, {"layer", ""}, {"compare", "auto"},
-                                            {"ceiling", "off"}, {"as-cc", ""}, {"rounds", ""}};
+                                            {"ceiling", "off"}, {"as-cc", ""}, {"rounds", ""},
+                                            {"energy", "off"}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
   // shape the benchmark's report (--config, --json, --compare) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
@@ -227,6 +243,9 @@ int main(int argc, char** argv) {
                   "                    [--ceiling on|off]  (also time an empty launch and a pure read of each\n"
                   "                                    prepacked weight: what streaming its bytes costs)\n"
                   "                    [--as-cc 8]     (dispatch as a compute capability 8.x device would)\n"
+                  "                    [--energy on|off]  (also run the dispatch pick and cuBLAS back to back for\n"
+                  "                                    ~1 s each, twice, and report mJ per call, board watts, SM\n"
+                  "                                    clock and power-capped share from NVML)\n"
                   "  --m defaults to 1,2,4,8,16,32,64 (%s for the *-prefill suites)\n", kPrefillMs);
       return 0;
     }
@@ -309,6 +328,12 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Lt lt;
+  const bool energy = opt["energy"] == "on";
+  PowerProbe probe(energy);
+  if (energy && !probe.ok()) {
+    std::fprintf(stderr, "fp4kit-bench: --energy on needs NVML: %s\n", probe.why().c_str());
+    return 2;
+  }
   const int64_t m_max = *std::max_element(ms.begin(), ms.end());
   std::ostringstream rows, tuning;
   int nrows = 0;
@@ -541,6 +566,26 @@ int main(int argc, char** argv) {
         if (rd % 2 == 1) cublas_round();
       }
       cb.us = median(cb_times);
+      // --energy on: the pick (cfgs[0]) and cuBLAS sustained, cuBLAS, fp4kit, fp4kit, cuBLAS; the mean of each.
+      Sustained ef, ec;
+      if (energy) {
+        auto add = [](Sustained& a, const Sustained& b) {
+          a.calls += b.calls; a.us += b.us / 2; a.mj += b.mj / 2; a.watts += b.watts / 2; a.mhz += b.mhz / 2;
+          a.capped += b.capped / 2;
+        };
+        const CublasPick& c = cublas[m];
+        auto cub = [&] {
+          add(ec, probe.sustain(s, copies16, [&](int i) { lt.run(c.plan, c.algo, w16[size_t(i % copies16)], x, y, s); },
+                                1000.0));
+        };
+        auto fp4 = [&] { add(ef, probe.sustain(s, copies, [&](int i) { call_cfg(0, wp[size_t(i % copies)]); }, 1000.0)); };
+        cub(); fp4(); fp4(); cub();
+        std::printf("energy %s %s %s m=%lld: fp4kit %.3f mJ/call (%.1f us, %.0f W, %.0f MHz, capped %.0f%%), cuBLAS %.3f "
+                    "mJ/call (%.1f us, %.0f W, %.0f MHz, capped %.0f%%): energy ratio %.3f\n",
+                    sh.model.c_str(), sh.layer.c_str(), fname.c_str(), (long long)m, ef.mj, ef.us, ef.watts, ef.mhz,
+                    100 * ef.capped, ec.mj, ec.us, ec.watts, ec.mhz, 100 * ec.capped, ef.mj / ec.mj);
+        std::fflush(stdout);
+      }
       for (size_t ci = 0; ci < nc; ++ci) {
         const int cfg = cfgs[ci];
         const KernelConfig& kc = *find_config(cfg);
@@ -576,6 +621,7 @@ int main(int argc, char** argv) {
              << ", \"tflops\": " << tflops << ", \"cublas_tflops\": " << cublas_tflops
              << ", \"weight_bytes\": " << ckpt_bytes << ", \"weight_tbps\": " << tbps
              << ", \"roofline_frac\": " << tbps / 4.25 << ", \"check_rel_l2\": " << check
+             << (energy && ci == 0 ? energy_fields(ef, ec) : std::string())
              << ", \"replays\": " << r.replays << ", \"rounds\": " << rounds << ", \"graph_calls\": " << r.calls << ", \"eager_iters\": "
              << r.eager_iters << ", \"cublas_replays\": " << cb.replays << ", \"cublas_graph_calls\": " << cb.calls
              << "}";
