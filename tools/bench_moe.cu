@@ -9,7 +9,9 @@
 // (plain row-major [n, k], fp4kit's BF16 expert path, the baseline), R = 16 different
 // random routings (top-k distinct experts per token, uniform), one CUDA graph of R calls (call i uses
 // routing i, so consecutive calls touch different experts and read them from HBM), median of the
-// replays, per-call time, after 150 ms of the same calls (bench_common's warm_up: steady clocks).
+// replays, per-call time, after 150 ms of the same calls (bench_common's warm_up: steady clocks). A model's
+// experts are made in every format first; each T is then timed for every format in turn, the order reversed
+// from one T to the next, so that the formats compared at a T run under the same thermal and power history.
 // T > 64 (bench_common's measure(), one probe call first): when R calls take over
 // 2 ms, one warm-up replay; over 25 ms, a graph of fewer calls (>= 2, ~25 ms); replays for ~150 ms of
 // graph time (>= 5, <= --replays). Each row records its calls per graph and replays.
@@ -32,6 +34,7 @@
 // touched experts are counted from route_cpu's ids, and route_us times route() alone the same way.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -229,19 +232,44 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::printf("%-14s %-6s %5s %10s %8s %10s %8s %6s %12s %8s %5s %s\n", "model", "format", "T", "us", "experts",
               "MB touched", "TB/s", "roof", "tokens/s", "TFLOP/s", "calls", "path");
+  for (const std::string& fname : split(opt["formats"]))
+    if (fname != "nvfp4" && fname != "mxfp4" && fname != "bf16") {
+      std::fprintf(stderr, "fp4kit-bench-moe: unknown format %s (nvfp4, mxfp4, bf16)\n", fname.c_str());
+      return 2;
+    }
+  // One model's experts in every format at once, and each T timed for every format in turn, the order
+  // reversed from one T to the next: the formats of a T run seconds apart, under the same thermal and power
+  // history (format by format, the BF16 baseline ran minutes after the FP4 rows, on a hotter board).
+  struct FormatRun {
+    std::string name;
+    bool bf16;
+    Format f;
+    Stack gu, dn;
+    std::mt19937 rng;  // seeded alike for every format, advanced alike: the same routings for each
+  };
   for (const MoEShape& sh : shapes) {
+    std::vector<FormatRun> runs;
     for (const std::string& fname : split(opt["formats"])) {
-      if (fname != "nvfp4" && fname != "mxfp4" && fname != "bf16") {
-        std::fprintf(stderr, "fp4kit-bench-moe: unknown format %s (nvfp4, mxfp4, bf16)\n", fname.c_str());
-        return 2;
-      }
       const bool bf16 = fname == "bf16";
       const Format f = fname == "nvfp4" ? Format::kNVFP4 : Format::kMXFP4;
-      Stack gu = bf16 ? make_bf16_stack(sh.E, 2 * sh.I, sh.H, sh.bias, 11) : make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11, act_bf16);
-      Stack dn = bf16 ? make_bf16_stack(sh.E, sh.H, sh.I, sh.bias, 977) : make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977, act_bf16);
-      std::mt19937 rng(1234);  // the same routings for every format
-      for (const std::string& ts : split(opt["t"])) {
-        const int64_t T = std::atoll(ts.c_str());
+      runs.push_back(FormatRun{fname, bf16, f,
+                               bf16 ? make_bf16_stack(sh.E, 2 * sh.I, sh.H, sh.bias, 11)
+                                    : make_stack(f, sh.E, 2 * sh.I, sh.H, sh.bias, 11, act_bf16),
+                               bf16 ? make_bf16_stack(sh.E, sh.H, sh.I, sh.bias, 977)
+                                    : make_stack(f, sh.E, sh.H, sh.I, sh.bias, 977, act_bf16),
+                               std::mt19937(1234)});
+    }
+    const std::vector<std::string> t_list = split(opt["t"]);
+    for (size_t ti = 0; ti < t_list.size(); ++ti) {
+      const int64_t T = std::atoll(t_list[ti].c_str());
+      for (size_t o = 0; o < runs.size(); ++o) {
+        FormatRun& run = runs[ti % 2 ? runs.size() - 1 - o : o];
+        const std::string& fname = run.name;
+        const bool bf16 = run.bf16;
+        const Format f = run.f;
+        const Stack& gu = run.gu;
+        const Stack& dn = run.dn;
+        std::mt19937& rng = run.rng;
         MoEArgs a;
         a.tokens = T;
         a.hidden = sh.H;
@@ -412,11 +440,25 @@ int main(int argc, char** argv) {
         cudaFree(y);
         cudaFree(ws);
       }
-      cudaFree(gu.buf);
-      cudaFree(gu.bias);
-      cudaFree(dn.buf);
-      cudaFree(dn.bias);
     }
+    for (FormatRun& run : runs) {
+      cudaFree(run.gu.buf);
+      cudaFree(run.gu.bias);
+      cudaFree(run.dn.buf);
+      cudaFree(run.dn.bias);
+    }
+  }
+  // Rows as before, format by format within a model (runs timed them T by T): a stable sort on the format's
+  // place in --formats keeps the models' and the T's order.
+  {
+    const std::vector<std::string> order = split(opt["formats"]);
+    auto place = [&](const std::string& f) { return std::find(order.begin(), order.end(), f) - order.begin(); };
+    std::map<std::string, size_t> model_at;  // a model's place: where its first row is
+    for (size_t i = 0; i < rows.size(); ++i) model_at.emplace(rows[i].model, i);
+    std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+      const size_t ma = model_at[a.model], mb = model_at[b.model];
+      return ma != mb ? ma < mb : place(a.format) < place(b.format);
+    });
   }
   // FP4 speedup over the BF16 experts of the same model and T.
   auto bf16_us = [&](const Row& r) {
@@ -467,7 +509,7 @@ int main(int argc, char** argv) {
                  "touched bytes = distinct experts per call x bytes per expert (FP4: prepacked; bf16: n x k x 2 per matrix); "
                  "streamed bytes = the same per pass (%lld tokens on the FP4 decode path, %lld for BF16 experts, %lld on the tensor-core path: see each row's path and passes), summed over the passes; "
                  "TFLOP/s = 2 T top_k (H 2I + I H) / time, against %.0f (BF16 tensor-core ceiling); "
-                 "bf16 rows are fp4kit's BF16 expert path on the same layers and routings\",\n  \"rows\": [\n%s\n  ]\n}\n",
+                 "bf16 rows are fp4kit's BF16 expert path on the same layers and routings; each T timed for every format in turn, the order reversed from one T to the next\",\n  \"rows\": [\n%s\n  ]\n}\n",
                  json_escape(prop.name).c_str(), json_escape(opt["commit"]).c_str(), utc_now().c_str(), kWarmMs, kRoutings,
                  replays, static_cast<long long>(kMoEDecodePassTokens), static_cast<long long>(kMoEBF16PassTokens),
                  static_cast<long long>(kMoETensorCorePassTokens), kTensorPeak, js.str().c_str());
