@@ -35,7 +35,8 @@ struct DecodePlan {
   size_t lane_x_offset = 0;
   int lane_x_sms = 0;       // prefill: the device's SMs, for the lane-order pass's grid (row_vector_grid)
   bool pdl = false;         // decode launches use programmatic dependent launch (launch.h)
-  int cluster = 0;          // kCluster: CTAs per cluster (each row group's K split S ways; grid = row_groups * S)
+  int cluster = 0;          // kCluster: CTAs per cluster (each row group's K split S ways; grid = row_groups * S);
+                            // prefill (wgmma): 2 where split tiles run in pairs (prefill.cu, launch_prefill)
 };
 
 // Every plan's arrival counters lie in the workspace's first kCounterRegionBytes (all of them as long as

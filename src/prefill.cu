@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -196,6 +198,15 @@ Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grou
 
 }  // namespace
 
+// FP4KIT_PREFILL_PAIRS=0 turns the pairs off (read once).
+static bool prefill_pairs_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP4KIT_PREFILL_PAIRS");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
   const int bn = 8 * cfg.n_tiles;
   PrefillKernel k;
@@ -239,6 +250,10 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
   }
   p.lane_x_sms = sms;
+  // Two splits: each split tile's CTAs finish it through each other's shared memory, launched as 2-CTA
+  // clusters (prefill_gemm_sm90.cuh, "split K in a pair"); FP4KIT_PREFILL_PAIRS=0 keeps the partial tiles in
+  // the workspace instead (A/B runs of one build).
+  p.cluster = !mma && p.splits == 2 && prefill_pairs_enabled() ? 2 : 0;
   *out = p;
   return Status::Ok();
 }
@@ -370,9 +385,12 @@ Status launch_prefill(const GemmArgs& a, const DecodePlan& plan, cudaStream_t st
     p.y = static_cast<uint8_t*>(a.y) + size_t(t0) * size_t(l.n) * eb;
     p.narrow = narrow_last;
     dense_operands(a, plan, p);
+    // A pass whose split tail starts on an even CTA runs it in pairs (plan.cluster): every cluster of two is
+    // then one split tile's two CTAs, or two whole-K tiles.
+    p.pairs = plan.cluster == 2 && split_tiles > 0 && (tiles - split_tiles) % 2 == 0;
     // With PDL (plan.pdl) the GEMM's CTAs start as the lane-order pass's leave and wait for X inside.
-    launch_kernel(fn, dim3(unsigned(tiles + split_tiles * (plan.splits - 1))), dim3(plan.threads), size_t(plan.smem_bytes),
-                  stream, plan.pdl, map, narrow, wmap, p);
+    launch_kernel_cluster(fn, dim3(unsigned(tiles + split_tiles * (plan.splits - 1))), dim3(plan.threads),
+                          size_t(plan.smem_bytes), stream, plan.pdl, p.pairs ? 2 : 1, map, narrow, wmap, p);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Status(Code::kCudaError, std::string("prefill launch: ") + cudaGetErrorString(e));

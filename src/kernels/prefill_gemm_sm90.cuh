@@ -152,6 +152,10 @@ struct PrefillParams {
   int splits;                   // K splits of each tile from split_from on (1: every tile whole K)
   int split_from;               // tiles [0, split_from) whole K; grid = split_from + (tiles - split_from) * splits
   int* counters;                // splits > 1: [tiles - split_from] arrival counters, zero between calls
+  bool pairs;                   // splits == 2, split_from even, launched in clusters of 2 (dense only): each
+                                // split tile's two CTAs are one cluster and finish the tile through each
+                                // other's shared memory (kernel: "split K in a pair"); counters and
+                                // partials unused
   float* partials;              // splits > 1: [tile - split_from][split][kAcc / 4][kConsumerThreads] float4
   PrefillGroup group;           // kGrouped only (splits == 1; m = the rows of X and Y)
   bool narrow;                  // dense: the launch passed NarrowX maps, so a last tile of at most BN / 2
@@ -236,6 +240,34 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Split K in a pair (the kernel's "split K in a pair"): shared addresses of this CTA mapped into cluster CTA
+// `rank`'s window, a 16-byte store there, an arrive on that CTA's barrier (release at cluster scope: this
+// thread's earlier writes, remote ones included, are visible to whoever acquires the barrier's phase), and a
+// wait on this CTA's barrier with acquire at cluster scope.
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, int rank) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(bar, rank))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      " .reg .pred done;\n"
+      "PREFILL_CWAIT_%=:\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra PREFILL_CWAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 // TMA: box {64 K, BN tokens} of X at (k, token) into `dst` (1024-aligned), completing on `bar`.
 __device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int tok, uint32_t bar) {
@@ -568,6 +600,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   extern __shared__ uint8_t prefill_smem[];
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
   __shared__ int s_last;  // split K: this CTA is the tile's last split to arrive
+  // Split K in a pair (p.pairs): the peer's consumers arrive on pair_free once their ring may be written,
+  // and on pair_data once their half of this CTA's tokens is in it.
+  __shared__ __align__(8) uint64_t pair_free, pair_data;
   const uint32_t ring = (smem_u32(prefill_smem) + 1023u) & ~1023u;  // TMA 128B swizzle: 1024-aligned
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_stages = (p.k_chunks + kStageChunks - 1) / kStageChunks;
@@ -594,6 +629,18 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   init_ring<S>(full_bar, empty_bar);
+  if constexpr (!kGrouped) {
+    if (p.pairs) {
+      // Both CTAs' pair barriers exist before either CTA arrives on the other's: one cluster barrier, while
+      // every thread of both is still here (the producer warpgroup leaves early).
+      if (threadIdx.x == 0) {
+        mbar_init(smem_u32(&pair_free), kConsumerThreads);
+        mbar_init(smem_u32(&pair_data), kConsumerThreads);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      }
+      cluster_sync_all();
+    }
+  }
 
   if (warp >= 4 * kConsumerWarpgroups) {
     // ---- producer warpgroup: one thread of one warp fills the ring, the other warps only give their
@@ -758,6 +805,110 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   if constexpr (!kGrouped) griddep_launch_dependents();
   if (threadIdx.x == 0) trace_at<kTrace>(2);
 
+  // ---- epilogue over the tile's 8-token groups [JB, JE): accumulator (m64nBN f32 layout) element
+  // 4j + 2h + e is row g + 8h of the warp's tile, token 8j + 2t + e of the CTA's token tile. `staged`: the
+  // ring offset of the shared-memory staging (past what a pair's exchange left there).
+  const int t = lane & 3;
+  T* y = static_cast<T*>(p.y);
+  auto epilogue = [&](auto jb, auto je, uint32_t staged) {
+    constexpr int JB = decltype(jb)::value, JE = decltype(je)::value;
+    const int tok0 = op.tok_begin + 8 * JB;
+    if (p.n % 8 == 0) {
+      // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
+      // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
+      // memory as [token][row] and leaves in 16-byte segments, 8 rows of one token per lane, whole sectors
+      // per warp store. With n % 8 == 0 every segment of an existing row is whole and 16-byte aligned (Y is;
+      // row blocks start at multiples of 128). The ring is free once every consumer has passed its last
+      // wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
+      constexpr int kPitch = kRowsPerCta * 2 + 16;  // bytes per token; + 16: the 2-byte writes hit 16 banks
+      static_assert(BN * kPitch <= S * G::kStage, "the staged tile fits the ring");
+      uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem)) + staged;
+      const int row0 = row_block * kRowsPerCta, rows = min(kRowsPerCta, p.n - row0);
+      const int toks = min(8 * (JE - JB), op.tok_end - tok0);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
+      consumer_sync();                                               // come before these generic writes
+      if (rt_ok) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + g + 8 * h;  // row in the CTA
+          if (r >= rows) continue;
+          const float2 fb = factors(h, row0 + r);
+#pragma unroll
+          for (int j = JB; j < JE; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              *reinterpret_cast<T*>(tile + (8 * (j - JB) + 2 * t + e) * kPitch + r * 2) =
+                  Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
+        }
+      }
+      consumer_sync();
+      store_staged_tile<kPitch, kConsumerThreads>(tile, y, p.n, row0, rows, tok0, toks, threadIdx.x);
+      return;
+    }
+    if (!rt_ok) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = rt * 16 + g + 8 * h;
+      if (row >= p.n) continue;
+      const float2 fb = factors(h, row);
+#pragma unroll
+      for (int j = JB; j < JE; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tok = tok0 + 8 * (j - JB) + 2 * t + e;
+          if (tok < op.tok_end)
+            y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
+        }
+    }
+  };
+
+  // ---- split K in a pair (p.pairs: a tile's two splits are one 2-CTA cluster, the split its rank): split z
+  // finishes the tile's tokens of half z. Each CTA writes the other half of its accumulators into the other
+  // CTA's ring (free once that CTA's consumers are past their last wgmma wait: they say so on pair_free),
+  // says so on the other's pair_data, adds what it received to its own half (p_z + p_(1-z), the same bits as
+  // the last arrival's sum below) and runs the epilogue on its half. No partial tile through L2, no arrival
+  // counter, and the two CTAs' epilogues run side by side instead of one after the other.
+  if constexpr (!kGrouped) {
+    if (p.pairs && splits > 1) {
+      constexpr int kHalf = G::kAcc / 8;                                // float4 per thread per half
+      constexpr uint32_t kRecv = uint32_t(kHalf) * kConsumerThreads * 16;  // the received half in the ring
+      static_assert(kRecv + (BN / 2) * (kRowsPerCta * 2 + 16) <= S * G::kStage, "exchange and staging fit the ring");
+      const int ct = threadIdx.x;  // consumer thread 0 .. kConsumerThreads - 1
+      const int peer = split ^ 1;
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this ring's wgmma reads, before its writes
+      mbar_arrive_remote(smem_u32(&pair_free), peer);
+      mbar_wait_cluster(smem_u32(&pair_free), 0);  // the peer's ring is free
+      const uint32_t dst = cluster_addr(ring, peer);
+      auto exchange = [&](auto keep_hi) {
+        constexpr int kSend = decltype(keep_hi)::value ? 0 : kHalf, kKeep = kHalf - kSend;
+#pragma unroll
+        for (int v = 0; v < kHalf; ++v)
+          st_cluster_v4(dst + uint32_t(v * kConsumerThreads + ct) * 16u, acc[4 * (kSend + v)], acc[4 * (kSend + v) + 1],
+                        acc[4 * (kSend + v) + 2], acc[4 * (kSend + v) + 3]);
+        mbar_arrive_remote(smem_u32(&pair_data), peer);
+        mbar_wait_cluster(smem_u32(&pair_data), 0);  // the peer's half of this CTA's tokens is here
+#pragma unroll
+        for (int v = 0; v < kHalf; ++v) {
+          const uint4 x = lds128(ring + uint32_t(v * kConsumerThreads + ct) * 16u);
+          acc[4 * (kKeep + v)] += __uint_as_float(x.x);
+          acc[4 * (kKeep + v) + 1] += __uint_as_float(x.y);
+          acc[4 * (kKeep + v) + 2] += __uint_as_float(x.z);
+          acc[4 * (kKeep + v) + 3] += __uint_as_float(x.w);
+        }
+      };
+      if (threadIdx.x == 0) trace_at<kTrace>(3);
+      if (split == 0) {
+        exchange(std::false_type{});
+        epilogue(std::integral_constant<int, 0>{}, std::integral_constant<int, BN / 16>{}, kRecv);
+      } else {
+        exchange(std::true_type{});
+        epilogue(std::integral_constant<int, BN / 16>{}, std::integral_constant<int, BN / 8>{}, kRecv);
+      }
+      if (threadIdx.x == 0) trace_at<kTrace>(4);
+      return;
+    }
+  }
+
   // ---- split K: store this split's partial tile, count the arrival; the last split sums the partials in
   // split order (the same bits whatever the arrival order), then runs the epilogue. With two splits the last
   // one adds the other's partial to its own registers (p0 + p1 == p1 + p0 bit for bit): one partial tile
@@ -810,59 +961,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   }
 
   if (threadIdx.x == 0) trace_at<kTrace>(3);
-  // ---- epilogue: accumulator (m64nBN f32 layout) element 4j + 2h + e is row g + 8h of the warp's tile,
-  // token 8j + 2t + e of the CTA's token tile.
-  const int t = lane & 3;
-  const int tok0 = op.tok_begin;
-  T* y = static_cast<T*>(p.y);
-  if (p.n % 8 == 0) {
-    // Through shared memory: each thread holds 2 rows x BN/4 tokens, so direct stores write one element
-    // per lane (a warp store fills four 32-byte sectors with 16 bytes each). The tile goes to shared
-    // memory as [token][row] and leaves in 16-byte segments, 8 rows of one token per lane, whole sectors
-    // per warp store. With n % 8 == 0 every segment of an existing row is whole and 16-byte aligned (Y is;
-    // row blocks start at multiples of 128). The ring is free once every consumer has passed its last
-    // wgmma wait (the barrier below): all its copies were waited on, the producer issues no more.
-    constexpr int kPitch = kRowsPerCta * 2 + 16;  // bytes per token; + 16: the 2-byte writes hit 16 banks
-    static_assert(BN * kPitch <= S * G::kStage, "the staged tile fits the ring");
-    uint8_t* tile = prefill_smem + (ring - smem_u32(prefill_smem));
-    const int row0 = row_block * kRowsPerCta, rows = min(kRowsPerCta, p.n - row0);
-    const int toks = min(BN, op.tok_end - tok0);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the ring's TMA writes and wgmma reads
-    consumer_sync();                                               // come before these generic writes
-    if (rt_ok) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + g + 8 * h;  // row in the CTA
-        if (r >= rows) continue;
-        const float2 fb = factors(h, row0 + r);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            *reinterpret_cast<T*>(tile + (8 * j + 2 * t + e) * kPitch + r * 2) =
-                Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
-      }
-    }
-    consumer_sync();
-    store_staged_tile<kPitch, kConsumerThreads>(tile, y, p.n, row0, rows, tok0, toks, threadIdx.x);
-    if (threadIdx.x == 0) trace_at<kTrace>(4);
-    return;
-  }
-  if (!rt_ok) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = rt * 16 + g + 8 * h;
-    if (row >= p.n) continue;
-    const float2 fb = factors(h, row);
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int tok = tok0 + 8 * j + 2 * t + e;
-        if (tok < op.tok_end)
-          y[int64_t(tok) * p.n + row] = Act<T>::from_float(acc[4 * j + 2 * h + e] * fb.x + fb.y);
-      }
-  }
+  epilogue(std::integral_constant<int, 0>{}, std::integral_constant<int, BN / 8>{}, 0u);
   if (threadIdx.x == 0) trace_at<kTrace>(4);
 #else
   __trap();  // built for another architecture: the plan never launches this
