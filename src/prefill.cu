@@ -250,10 +250,12 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
   }
   p.lane_x_sms = sms;
-  // Two splits: each split tile's CTAs finish it through each other's shared memory, launched as 2-CTA
-  // clusters (prefill_gemm_sm90.cuh, "split K in a pair"); FP4KIT_PREFILL_PAIRS=0 keeps the partial tiles in
-  // the workspace instead (A/B runs of one build).
-  p.cluster = !mma && p.splits == 2 && prefill_pairs_enabled() ? 2 : 0;
+  // Two splits of 128- and 256-token tiles: each split tile's CTAs finish it through each other's shared
+  // memory, launched as 2-CTA clusters (prefill_gemm_sm90.cuh, "split K in a pair"). Same-run A/B on the
+  // H200 (docs/prefill-notes.md): Llama-3.3-70B o at m = 128 5% faster, down at m = 128-256 1-1.5%; at
+  // BN = 64, whose partial tile is a quarter of BN = 256's, mixed (70B o 2% faster, the tp8 down shard up to
+  // 5% slower), so BN = 64 keeps the workspace path. FP4KIT_PREFILL_PAIRS=0 keeps it everywhere (A/B runs).
+  p.cluster = !mma && p.splits == 2 && bn >= 128 && prefill_pairs_enabled() ? 2 : 0;
   *out = p;
   return Status::Ok();
 }
