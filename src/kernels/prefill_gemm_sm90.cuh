@@ -10,7 +10,9 @@
 //   CTAs, split z over a contiguous range of 512-K slices: each split stores its fp32 partial tile in the
 //   workspace, and the last of the tile's splits to arrive (arrival counter) sums the partials in split
 //   order, 0 first, and runs the epilogue; it leaves the counter zeroed. The result is bitwise the same
-//   whatever the arrival order (deterministic).
+//   whatever the arrival order (deterministic). With p.pairs (two splits, split_from even, the launch in
+//   clusters of 2 CTAs) a split tile's two CTAs instead hand each other half of the tile through shared
+//   memory and each finishes its half of the tokens (same bits; "split K in a pair" below).
 //   Launch: grid split_from + (tiles - split_from) * splits, tiles = ceil(row_tiles / 8) * ceil(m / BN)
 //   (1-D, see cta_tile), kThreads threads, the weight records as the tensor map tmap_w (prefill.cu,
 //   w_tensor_map; experts as its outer dimension in grouped mode),
