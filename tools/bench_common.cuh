@@ -159,20 +159,37 @@ double median_event_ms(cudaStream_t s, int iters, Launch launch) {
   return median(t);
 }
 
+// fn(0 .. calls - 1) captured in one CUDA graph on stream s, instantiated; launch() replays it on s.
+class CallGraph {
+ public:
+  template <typename Fn>
+  CallGraph(cudaStream_t s, int calls, Fn fn) : s_(s) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) fn(i);
+    CK(cudaStreamEndCapture(s, &graph_));
+    CK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CallGraph(const CallGraph&) = delete;
+  CallGraph& operator=(const CallGraph&) = delete;
+  ~CallGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void launch() { CK(cudaGraphLaunch(exec_, s_)); }
+
+ private:
+  cudaStream_t s_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // Time `calls` invocations of fn(i) captured in one graph; returns per-call us (median of replays, after
 // `warmups` untimed replays).
 template <typename Fn>
 double graph_time_us(cudaStream_t s, int calls, int replays, Fn fn, int warmups = 3) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) fn(i);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int w = 0; w < warmups; ++w) CK(cudaGraphLaunch(exec, s));
-  const double ms = median_event_ms(s, replays, [&](int) { CK(cudaGraphLaunch(exec, s)); });
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
+  CallGraph g(s, calls, fn);
+  for (int w = 0; w < warmups; ++w) g.launch();
+  const double ms = median_event_ms(s, replays, [&](int) { g.launch(); });
   return ms * 1000.0 / calls;
 }
 

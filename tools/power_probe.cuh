@@ -66,16 +66,11 @@ class PowerProbe {
   Sustained sustain(cudaStream_t s, int calls, Fn fn, double ms) {
     Sustained r;
     if (!ok_) return r;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) fn(i);
-    CK(cudaStreamEndCapture(s, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CallGraph g(s, calls, fn);
     // One untimed replay, which also sizes the batches between host synchronisations (~20 ms each, so the
     // GPU never waits for the host).
     const auto w0 = std::chrono::steady_clock::now();
-    CK(cudaGraphLaunch(exec, s));
+    g.launch();
     CK(cudaStreamSynchronize(s));
     const double replay_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
     const int batch = std::max(1, std::min(1000, int(20.0 / std::max(1e-3, replay_ms))));
@@ -102,15 +97,13 @@ class PowerProbe {
     double el_ms = 0;
     long replays = 0;
     while (el_ms < ms) {
-      for (int j = 0; j < batch; ++j, ++replays) CK(cudaGraphLaunch(exec, s));
+      for (int j = 0; j < batch; ++j, ++replays) g.launch();
       CK(cudaStreamSynchronize(s));
       el_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     energy_(dev_, &e1);
     stop = true;
     sampler.join();
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
     r.calls = replays * calls;
     r.us = el_ms * 1e3 / double(r.calls);
     r.mj = double(e1 - e0) / double(r.calls);
