@@ -777,13 +777,18 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
+// Shared address `addr` of this CTA mapped into cluster CTA `rank`'s window (`addr` itself below sm_90).
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(addr), "r"(rank));
+#endif
+  return addr;
+}
 // The float at shared address `addr` of this kernel's shared window in cluster CTA `rank`.
 __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
   float v = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr(addr, rank)) : "memory");
 #endif
   return v;
 }

@@ -98,6 +98,11 @@ constexpr int kRowsPerCta = 16 * kRowTilesPerCta;
 constexpr int kStageChunks = 2;                            // 64-K chunks per stage
 constexpr int kStageK = kStageChunks * layout::kChunkK;
 constexpr int kStagesPerSlice = layout::kChunksPerMacro / kStageChunks;  // stages per 512-K slice
+// Split K in a pair (the kernel's "split K in a pair") for token tiles of at least this many tokens: at
+// BN = 64 the partial tile through the workspace is small (32 KB) and the pairs' same-run A/B on the H200 was
+// mixed (Llama-3.3-70B o 2% faster, the tp8 down shard up to 5% slower; docs/prefill-notes.md), so those
+// instantiations keep the workspace path only (plan_prefill plans pairs by the same rule).
+constexpr int kPairMinBn = 128;
 constexpr int kRecordBytes = 32 * 16;                      // one row tile's records for one chunk
 // Registers per thread after setmaxnreg, by CTAs per SM (kBlocks), within what __launch_bounds__(kThreads,
 // kBlocks) gives every thread (launch_regs: 168 for one CTA, 80 for two; allocated in multiples of 8).
@@ -226,32 +231,30 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
+// Waits for phase `parity` of this CTA's barrier; kCluster: with acquire at cluster scope (arrivals from
+// another CTA of the cluster whose writes this thread then reads), else the default (CTA scope).
+#define FP4KIT_MBAR_WAIT(SEM)                                                  \
+  "{\n"                                                                       \
+  " .reg .pred done;\n"                                                       \
+  "PREFILL_WAIT_%=:\n"                                                        \
+  " mbarrier.try_wait.parity" SEM ".shared::cta.b64 done, [%0], %1;\n"        \
+  " @!done bra PREFILL_WAIT_%=;\n"                                            \
+  "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      " .reg .pred done;\n"
-      "PREFILL_WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra PREFILL_WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  if constexpr (kCluster) asm volatile(FP4KIT_MBAR_WAIT(".acquire.cluster") ::"r"(bar), "r"(parity) : "memory");
+  else asm volatile(FP4KIT_MBAR_WAIT("") ::"r"(bar), "r"(parity) : "memory");
 }
+#undef FP4KIT_MBAR_WAIT
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-// Split K in a pair (the kernel's "split K in a pair"): shared addresses of this CTA mapped into cluster CTA
-// `rank`'s window, a 16-byte store there, an arrive on that CTA's barrier (release at cluster scope: this
-// thread's earlier writes, remote ones included, are visible to whoever acquires the barrier's phase), and a
-// wait on this CTA's barrier with acquire at cluster scope.
-__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
+// Split K in a pair (the kernel's "split K in a pair"): a 16-byte store into another cluster CTA's shared
+// memory, and an arrive on that CTA's barrier (release at cluster scope: this thread's earlier writes,
+// remote ones included, are visible to whoever acquires the barrier's phase: mbar_wait<true>).
 __device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, float c, float d) {
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
@@ -259,17 +262,6 @@ __device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, f
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, int rank) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(bar, rank))
                : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      " .reg .pred done;\n"
-      "PREFILL_CWAIT_%=:\n"
-      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra PREFILL_CWAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 // TMA: box {64 K, BN tokens} of X at (k, token) into `dst` (1024-aligned), completing on `bar`.
 __device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int tok, uint32_t bar) {
@@ -631,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   const int s_begin = j_begin * kStagesPerSlice, s_end = min(j_end * kStagesPerSlice, n_stages);
 
   init_ring<S>(full_bar, empty_bar);
-  if constexpr (!kGrouped) {
+  if constexpr (!kGrouped && BN >= kPairMinBn) {
     if (p.pairs) {
       // Both CTAs' pair barriers exist before either CTA arrives on the other's: one cluster barrier, while
       // every thread of both is still here (the producer warpgroup leaves early).
@@ -870,7 +862,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
   // says so on the other's pair_data, adds what it received to its own half (p_z + p_(1-z), the same bits as
   // the last arrival's sum below) and runs the epilogue on its half. No partial tile through L2, no arrival
   // counter, and the two CTAs' epilogues run side by side instead of one after the other.
-  if constexpr (!kGrouped) {
+  if constexpr (!kGrouped && BN >= kPairMinBn) {
     if (p.pairs && splits > 1) {
       constexpr int kHalf = G::kAcc / 8;                                // float4 per thread per half
       constexpr uint32_t kRecv = uint32_t(kHalf) * kConsumerThreads * 16;  // the received half in the ring
@@ -879,7 +871,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
       const int peer = split ^ 1;
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this ring's wgmma reads, before its writes
       mbar_arrive_remote(smem_u32(&pair_free), peer);
-      mbar_wait_cluster(smem_u32(&pair_free), 0);  // the peer's ring is free
+      mbar_wait<true>(smem_u32(&pair_free), 0);  // the peer's ring is free
       const uint32_t dst = cluster_addr(ring, peer);
       auto exchange = [&](auto keep_hi) {
         constexpr int kSend = decltype(keep_hi)::value ? 0 : kHalf, kKeep = kHalf - kSend;
@@ -888,7 +880,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
           st_cluster_v4(dst + uint32_t(v * kConsumerThreads + ct) * 16u, acc[4 * (kSend + v)], acc[4 * (kSend + v) + 1],
                         acc[4 * (kSend + v) + 2], acc[4 * (kSend + v) + 3]);
         mbar_arrive_remote(smem_u32(&pair_data), peer);
-        mbar_wait_cluster(smem_u32(&pair_data), 0);  // the peer's half of this CTA's tokens is here
+        mbar_wait<true>(smem_u32(&pair_data), 0);  // the peer's half of this CTA's tokens is here
 #pragma unroll
         for (int v = 0; v < kHalf; ++v) {
           const uint4 x = lds128(ring + uint32_t(v * kConsumerThreads + ct) * 16u);
