@@ -221,6 +221,11 @@ Status make_plan(int64_t m, const PackedWeight& w, DType act, int config, Decode
   return Status::Ok();
 }
 
+bool env_not_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v != nullptr && std::string(v) == "0");
+}
+
 // FP4KIT_PDL: "1" on, "0" off, anything else (or unset) the caller's default. Read once.
 static int pdl_env() {
   static const int env = [] {

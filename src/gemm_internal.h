@@ -76,5 +76,14 @@ Status resident_per_sm(const void* kernel, int threads, int smem, int* dev, int*
 // gemm_validate's checks; on success `plan` holds the launch plan (gemm() validates and plans once).
 Status validate(const GemmArgs& a, DecodePlan* plan);
 
+// Default-on switches for same-build A/B runs: false only where the environment variable `name` is "0".
+// Each switch reads it once and has a detail:: setter for tests that overrides it.
+bool env_not_zero(const char* name);
+
+// Prefill split K in a pair (prefill.cu, plan_prefill): 0 never (partials through the workspace), 1 by the
+// rule, -1 as the environment says (FP4KIT_PREFILL_PAIRS=0 turns it off; default on). Not thread-safe: set
+// it before the calls it affects.
+void set_prefill_pairs(int on);
+
 }  // namespace detail
 }  // namespace fp4kit

@@ -184,12 +184,9 @@ struct GroupedPlan {
   int cluster = 0;
 };
 
-// Default-on switches for same-build A/B runs: the environment variable set to 0 turns one off, and a
-// detail:: setter (tests) overrides the environment (forced >= 0).
-bool env_not_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v != nullptr && std::string(v) == "0");
-}
+// Default-on switches for same-build A/B runs (detail::env_not_zero): the environment variable set to 0
+// turns one off, and a detail:: setter (tests) overrides the environment (forced >= 0).
+using detail::env_not_zero;
 // The grouped cluster mode (plan_grouped): FP4KIT_MOE_CLUSTERS=0 (stream-K only), detail::set_moe_clusters.
 int g_clusters = -1;  // -1: the environment decides
 bool moe_clusters() {

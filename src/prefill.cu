@@ -6,8 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -198,14 +196,13 @@ Status kernel_for_config(const KernelConfig& cfg, Format f, DType act, bool grou
 
 }  // namespace
 
-// FP4KIT_PREFILL_PAIRS=0 turns the pairs off (read once).
+// Split K in a pair (plan_prefill): FP4KIT_PREFILL_PAIRS=0 turns it off, set_prefill_pairs overrides.
+static int g_prefill_pairs = -1;  // -1: the environment decides
 static bool prefill_pairs_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP4KIT_PREFILL_PAIRS");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
+  static const bool env = env_not_zero("FP4KIT_PREFILL_PAIRS");
+  return g_prefill_pairs < 0 ? env : g_prefill_pairs != 0;
 }
+void set_prefill_pairs(int on) { g_prefill_pairs = on; }
 
 Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelConfig& cfg, int sms, DecodePlan* out) {
   const int bn = 8 * cfg.n_tiles;
@@ -250,12 +247,11 @@ Status plan_prefill(int64_t m, const PackedWeight& w, DType act, const KernelCon
     p.workspace_bytes = p.lane_x_offset + size_t(p.pass_m) * size_t(row_bytes);
   }
   p.lane_x_sms = sms;
-  // Two splits of 128- and 256-token tiles: each split tile's CTAs finish it through each other's shared
-  // memory, launched as 2-CTA clusters (prefill_gemm_sm90.cuh, "split K in a pair"). Same-run A/B on the
-  // H200 (docs/prefill-notes.md): Llama-3.3-70B o at m = 128 5% faster, down at m = 128-256 1-1.5%; at
-  // BN = 64, whose partial tile is a quarter of BN = 256's, mixed (70B o 2% faster, the tp8 down shard up to
-  // 5% slower), so BN = 64 keeps the workspace path. FP4KIT_PREFILL_PAIRS=0 keeps it everywhere (A/B runs).
-  p.cluster = !mma && p.splits == 2 && bn >= 128 && prefill_pairs_enabled() ? 2 : 0;
+  // Two splits of tiles of >= kPairMinBn tokens: each split tile's CTAs finish it through each other's shared
+  // memory, launched as 2-CTA clusters (prefill_gemm_sm90.cuh, "split K in a pair"; same-run A/B on the H200:
+  // Llama-3.3-70B o at m = 128 5% faster, down at m = 128-256 1-1.5%). FP4KIT_PREFILL_PAIRS=0 keeps the
+  // workspace path everywhere (A/B runs).
+  p.cluster = !mma && p.splits == 2 && bn >= pk::kPairMinBn && prefill_pairs_enabled() ? 2 : 0;
   *out = p;
   return Status::Ok();
 }

@@ -464,40 +464,46 @@ TEST(gemm_prefill_grid_exact_bitwise) {
 // clusters too. The shapes are the first N (in 128-row steps) where the schedule splits two ways, with no
 // whole-K tile or an even number of them (the pair condition); grid-exact inputs, so a misplaced half, a
 // half summed twice or a partial missed shows. Pairs are planned for 128- and 256-token tiles; the BN = 64
-// entries (and every entry with FP4KIT_PREFILL_PAIRS=0) run the same shapes through the workspace.
+// entries, and every entry with pairs off (detail::set_prefill_pairs(0), what FP4KIT_PREFILL_PAIRS=0 does),
+// run the same shapes through the workspace.
 TEST(gemm_prefill_pairs_bitwise) {
   if (!prefill_here()) return;
-  const char* off = std::getenv("FP4KIT_PREFILL_PAIRS");
-  const int want_cluster = off && std::string(off) == "0" ? 0 : 2;
   struct Case {
     const char* name;
     int64_t m, k;
     bool tail;  // whole-K waves first
   };
-  for (const Case& c : {Case{"p128_w8_s5_k8", 257, 2048, false}, Case{"p128_w8_s5_k8", 64, 2048, true},
-                        Case{"p256_w8_s3_k8", 64, 4096, true}, Case{"p64_w8_s8_k8", 129, 2048, false},
-                        Case{"p64_w8_s4_b2_k8", 129, 2048, true}}) {
-    int64_t n = 0;
-    detail::DecodePlan plan;
-    for (int64_t cand = 128; cand <= 48 * 1024 && n == 0; cand += 128) {
-      plan = plan_of(c.m, Format::kNVFP4, cand, c.k, config_id(c.name));
-      const int64_t from = plan.units - plan.split_tiles;
-      if (plan.splits == 2 && (c.tail ? from > 0 && from % 2 == 0 : from == 0)) n = cand;
-    }
-    CHECK_MSG(n > 0, c.name << " m=" << c.m << " k=" << c.k << ": no N up to 48K splits two ways "
-                            << (c.tail ? "after an even number of whole-K tiles" : "with no whole-K tile"));
-    if (n == 0) continue;
-    const int want = find_config(config_id(c.name))->n_tiles >= 16 ? want_cluster : 0;  // BN >= 128
-    CHECK_MSG(plan.cluster == want, c.name << ": plan.cluster " << plan.cluster << ", expected " << want);
-    for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
-      if (quick() && c.tail && f == Format::kMXFP4) continue;  // the large reference, once per shape
-      const bool bf16 = f == Format::kNVFP4;
-      const int64_t diff = grid_exact_diff(f, c.m, n, c.k, bf16, config_id(c.name));
-      CHECK_MSG(diff == 0, format_name(f) << " " << c.name << " m=" << c.m << " n=" << n << " k=" << c.k << " ("
-                                          << plan.units - plan.split_tiles << " whole-K tiles, " << plan.split_tiles
-                                          << " in pairs): " << diff << " outputs differ");
+  for (int on : {1, 0}) {
+    detail::set_prefill_pairs(on);
+    for (const Case& c : {Case{"p128_w8_s5_k8", 257, 2048, false}, Case{"p128_w8_s5_k8", 64, 2048, true},
+                          Case{"p256_w8_s3_k8", 64, 4096, true}, Case{"p64_w8_s8_k8", 129, 2048, false},
+                          Case{"p64_w8_s4_b2_k8", 129, 2048, true}}) {
+      int64_t n = 0;
+      detail::DecodePlan plan;
+      for (int64_t cand = 128; cand <= 48 * 1024 && n == 0; cand += 128) {
+        plan = plan_of(c.m, Format::kNVFP4, cand, c.k, config_id(c.name));
+        const int64_t from = plan.units - plan.split_tiles;
+        if (plan.splits == 2 && (c.tail ? from > 0 && from % 2 == 0 : from == 0)) n = cand;
+      }
+      CHECK_MSG(n > 0, c.name << " m=" << c.m << " k=" << c.k << ": no N up to 48K splits two ways "
+                              << (c.tail ? "after an even number of whole-K tiles" : "with no whole-K tile"));
+      if (n == 0) continue;
+      const int want = on && find_config(config_id(c.name))->n_tiles >= 16 ? 2 : 0;  // BN >= 128
+      CHECK_MSG(plan.cluster == want, c.name << " pairs " << on << ": plan.cluster " << plan.cluster << ", expected "
+                                             << want);
+      for (Format f : {Format::kNVFP4, Format::kMXFP4}) {
+        if (quick() && c.tail && f == Format::kMXFP4) continue;  // the large reference, once per shape
+        if (!on && f == Format::kMXFP4) continue;                // the workspace path: one format per shape
+        const bool bf16 = f == Format::kNVFP4;
+        const int64_t diff = grid_exact_diff(f, c.m, n, c.k, bf16, config_id(c.name));
+        CHECK_MSG(diff == 0, format_name(f) << " " << c.name << " pairs " << on << " m=" << c.m << " n=" << n
+                                            << " k=" << c.k << " (" << plan.units - plan.split_tiles
+                                            << " whole-K tiles, " << plan.split_tiles << " split): " << diff
+                                            << " outputs differ");
+      }
     }
   }
+  detail::set_prefill_pairs(-1);
 }
 
 // Every prefill config (wgmma on Hopper, mma.sync everywhere) at the m of the issue and at small m (a prefill config chosen for m = 1
