@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
                                             {"ceiling", "off"}, {"as-cc", ""}, {"rounds", ""},
                                             {"energy", "off"}};
   // Called as fp4kit-tune: the tuner (see the contract on top): --out is --tune, and the options that only
-  // shape the benchmark's report (--config, --json, --compare) are not its own.
+  // shape the benchmark's report (--config, --json, --compare, --ceiling, --energy) are not its own.
   const std::string prog = argc > 0 ? std::string(argv[0]) : std::string();
   const bool tuner = prog.size() >= 11 && prog.compare(prog.size() - 11, 11, "fp4kit-tune") == 0;
   const char* me = tuner ? "fp4kit-tune" : "fp4kit-bench";
@@ -251,7 +251,8 @@ int main(int argc, char** argv) {
     }
     std::string key = a.rfind("--", 0) == 0 ? a.substr(2) : std::string();
     if (tuner && key == "out") key = "tune";
-    else if (tuner && (key == "tune" || key == "config" || key == "json" || key == "compare" || key == "ceiling"))
+    else if (tuner && (key == "tune" || key == "config" || key == "json" || key == "compare" || key == "ceiling" ||
+                    key == "energy"))
       key.clear();
     if (key.empty() || i + 1 >= argc || !opt.count(key)) {
       std::fprintf(stderr, "%s: unknown or incomplete option '%s' (see --help)\n", me, a.c_str());
@@ -272,6 +273,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: --rounds must be 1 to 9 (got '%s')\n", me, opt["rounds"].c_str());
     return 2;
   }
+  for (const char* onoff : {"ceiling", "energy"})
+    if (opt[onoff] != "on" && opt[onoff] != "off") {
+      std::fprintf(stderr, "%s: --%s must be on or off (got '%s')\n", me, onoff, opt[onoff].c_str());
+      return 2;
+    }
   if (opt["act"] != "bf16" && opt["act"] != "fp16") {
     std::fprintf(stderr, "%s: --act must be bf16 or fp16 (got '%s')\n", me, opt["act"].c_str());
     return 2;
@@ -436,7 +442,7 @@ int main(int argc, char** argv) {
       std::vector<std::vector<double>> algo_times(static_cast<size_t>(na));
       for (int rd = 0; rd < kPickRounds; ++rd)
         for (int o = 0; o < na; ++o) {
-          const int ai = rd % 2 ? na - 1 - o : o;
+          const int ai = alternating(rd, o, na);
           algo_times[size_t(ai)].push_back(graph_time_us(
               s, copies16, sel, [&](int i) { lt.run(plan, ai, w16[size_t(i % copies16)], x, y, s); }, sel < 20 ? 1 : 3));
         }
@@ -569,7 +575,7 @@ int main(int argc, char** argv) {
       for (int rd = 0; rd < rounds; ++rd) {
         if (rd % 2 == 0) cublas_round();
         for (size_t o = 0; o < nc; ++o) {
-          const size_t ci = rd % 2 ? nc - 1 - o : o;
+          const size_t ci = size_t(alternating(rd, int(o), int(nc)));
           const Measured r = measure(s, copies, replays, [&](int i) { call_cfg(ci, wp[size_t(i % copies)]); },
                                      rd == 0);
           if (rd == 0) first[ci] = r;
@@ -581,17 +587,15 @@ int main(int argc, char** argv) {
       // --energy on: the pick (cfgs[0]) and cuBLAS sustained, cuBLAS, fp4kit, fp4kit, cuBLAS; the mean of each.
       Sustained ef, ec;
       if (energy) {
-        auto add = [](Sustained& a, const Sustained& b) {
-          a.calls += b.calls; a.us += b.us / 2; a.mj += b.mj / 2; a.watts += b.watts / 2; a.mhz += b.mhz / 2;
-          a.capped += b.capped / 2;
-        };
         const CublasPick& c = cublas[m];
         auto cub = [&] {
-          add(ec, probe.sustain(s, copies16, [&](int i) { lt.run(c.plan, c.algo, w16[size_t(i % copies16)], x, y, s); },
-                                1000.0));
+          return probe.sustain(s, copies16, [&](int i) { lt.run(c.plan, c.algo, w16[size_t(i % copies16)], x, y, s); },
+                               1000.0);
         };
-        auto fp4 = [&] { add(ef, probe.sustain(s, copies, [&](int i) { call_cfg(0, wp[size_t(i % copies)]); }, 1000.0)); };
-        cub(); fp4(); fp4(); cub();
+        auto fp4 = [&] { return probe.sustain(s, copies, [&](int i) { call_cfg(0, wp[size_t(i % copies)]); }, 1000.0); };
+        const Sustained c1 = cub(), f1 = fp4(), f2 = fp4(), c2 = cub();
+        ef = mean(f1, f2);
+        ec = mean(c1, c2);
         std::printf("energy %s %s %s m=%lld: fp4kit %.3f mJ/call (%.1f us, %.0f W, %.0f MHz, capped %.0f%%), cuBLAS %.3f "
                     "mJ/call (%.1f us, %.0f W, %.0f MHz, capped %.0f%%): energy ratio %.3f\n",
                     sh.model.c_str(), sh.layer.c_str(), fname.c_str(), (long long)m, ef.mj, ef.us, ef.watts, ef.mhz,

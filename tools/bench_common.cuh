@@ -159,6 +159,11 @@ double median_event_ms(cudaStream_t s, int iters, Launch launch) {
   return median(t);
 }
 
+// The item at place o of round rd over n items, odd rounds in reverse (forward, reverse, forward, ...): timed
+// so, no item always runs first or after the same neighbour, and a slow drift of the clocks under the
+// board's power limit falls on every item alike.
+inline int alternating(int rd, int o, int n) { return rd % 2 ? n - 1 - o : o; }
+
 // fn(0 .. calls - 1) captured in one CUDA graph on stream s, instantiated; launch() replays it on s.
 class CallGraph {
  public:

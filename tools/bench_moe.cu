@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
     for (size_t ti = 0; ti < t_list.size(); ++ti) {
       const int64_t T = std::atoll(t_list[ti].c_str());
       for (size_t o = 0; o < runs.size(); ++o) {
-        FormatRun& run = runs[ti % 2 ? runs.size() - 1 - o : o];
+        FormatRun& run = runs[size_t(alternating(int(ti), int(o), int(runs.size())))];
         const std::string& fname = run.name;
         const bool bf16 = run.bf16;
         const Format f = run.f;

@@ -32,6 +32,18 @@ struct Sustained {
   double us = 0, mj = 0, watts = 0, mhz = 0, capped = 0;
 };
 
+// Two sustained runs of one call as one: the calls summed, the rest averaged.
+inline Sustained mean(const Sustained& a, const Sustained& b) {
+  Sustained r;
+  r.calls = a.calls + b.calls;
+  r.us = (a.us + b.us) / 2;
+  r.mj = (a.mj + b.mj) / 2;
+  r.watts = (a.watts + b.watts) / 2;
+  r.mhz = (a.mhz + b.mhz) / 2;
+  r.capped = (a.capped + b.capped) / 2;
+  return r;
+}
+
 class PowerProbe {
  public:
   // open = false makes a probe that is not ok() and touches nothing (the benchmark without --energy).
